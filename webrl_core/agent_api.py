@@ -1,0 +1,34 @@
+"""The narrow interface between the rollout engine and anything that chooses actions.
+
+A policy is any object with an async batch method
+
+    async def act(self, prompts: list[str], contexts: list[StepContext] | None = None) -> list[str]
+
+that returns one raw response (in the WebRL action grammar) per prompt. The rollout engine batches
+all environments that wait for an action into one call, so a GPU model or a vLLM server sees full
+batches. Model policies read only ``prompts``; scripted policies (oracle, random) read ``contexts``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class StepContext:
+    """What a scripted policy may look at besides the prompt."""
+
+    task: dict[str, Any]                 # the task config (WebArena-Lite schema)
+    html: str                            # current simplified HTML observation
+    url: str                             # current page URL
+    step: int                            # index of the action about to be taken
+    past_responses: list[str] = field(default_factory=list)
+    episode_id: str = ""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    policy_id: str
+
+    async def act(self, prompts: list[str], contexts: list[StepContext] | None = None) -> list[str]: ...

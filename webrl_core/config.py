@@ -1,0 +1,399 @@
+"""One typed config for every webrl stage.
+
+A config is a YAML file validated by pydantic v2. Resolution order (later wins):
+
+    packaged defaults (webrl_core/configs/default.yaml)
+    -> the chain of ``extends:`` files (a path relative to the file, or a packaged name such as ``smoke``)
+    -> the file itself
+    -> overlay files (``--overlay``), in order
+    -> ``--set section.key=value`` overrides (the value is parsed as YAML)
+    -> WebArena URL environment variables (SHOPPING, SHOPPING_ADMIN, REDDIT, GITLAB, MAP, WIKIPEDIA,
+       HOMEPAGE, or their ``WA_`` prefixed BrowserGym names) for ``sites.urls``
+
+Every field has a default and a one-line description (``Field(description=...)``); unknown keys,
+wrong types and missing paths fail before any work starts, with one message that names the file,
+the field and the allowed values (``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+SITE_NAMES = ("shopping", "shopping_admin", "reddit", "gitlab", "map", "wikipedia", "homepage")
+
+
+class ConfigError(ValueError):
+    """A config could not be loaded; the message names the file, the field and what is allowed."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _existing_path(value: str | None, field: str) -> str | None:
+    if value in (None, ""):
+        return None
+    if "://" in str(value):  # a URL (an endpoint or a remote store) is not checked here
+        return value
+    if not Path(os.path.expanduser(value)).exists():
+        raise ValueError(f"path does not exist: {value!r} (field {field})")
+    return value
+
+
+class RunConfig(Section):
+    name: str = Field("default", description="run name; the run directory is <root>/<name>")
+    root: str = Field("runs", description="folder that holds run directories")
+    seed: int = Field(0, description="global seed for task sampling, rollouts and training")
+    phases: int = Field(2, ge=0, description="number of WebRL phases `webrl train` runs after the bootstrap")
+
+
+class SitesConfig(Section):
+    mode: Literal["embedded", "webarena"] = Field(
+        "embedded", description="embedded: our five mini sites serve every site not in urls; webarena: urls only")
+    urls: dict[str, str] = Field(default_factory=dict,
+                                 description="site name -> base URL; filled from SHOPPING, WA_SHOPPING, ... env vars")
+    host: str = Field("127.0.0.1", description="interface the embedded sites bind to (loopback only)")
+    port: int = Field(0, ge=0, description="port of the embedded sites server; 0 picks a free one")
+    data_seed: int = Field(0, description="seed of the embedded sites' generated data")
+    auth_dir: str = Field(".auth", description="folder with <site>_state.json storage states for real WebArena")
+
+    @field_validator("urls")
+    @classmethod
+    def _known_sites(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = sorted(set(v) - set(SITE_NAMES))
+        if bad:
+            raise ValueError(f"unknown site(s) {bad}; allowed: {list(SITE_NAMES)}")
+        return v
+
+    @field_validator("host")
+    @classmethod
+    def _loopback(cls, v: str) -> str:
+        if v not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(f"host {v!r} is not loopback; allowed: '127.0.0.1', 'localhost', '::1'")
+        return v
+
+
+class EnvConfig(Section):
+    n_envs: int = Field(4, ge=1, description="browser contexts running episodes at the same time")
+    contexts_per_browser: int = Field(8, ge=1, description="contexts sharing one Chromium process")
+    chromium_path: str = Field("/usr/bin/chromium", description="Chromium executable Playwright launches")
+    headless: bool = Field(True, description="run Chromium headless")
+    viewport_width: int = Field(1280, ge=100, description="browser viewport width in CSS pixels")
+    viewport_height: int = Field(720, ge=100, description="browser viewport height in CSS pixels")
+    max_steps: int = Field(30, ge=1, description="actions per episode before it is stopped")
+    parse_failure_limit: int = Field(5, ge=1, description="consecutive unparseable actions that end an episode")
+    repeat_action_limit: int = Field(5, ge=1, description="identical actions in a row that end an episode")
+    obs_char_budget: int = Field(15872, ge=256, description="characters of history + HTML in a prompt (16384-512)")
+    keep_bbox: bool = Field(False, description="keep data-bbox attributes in the observation")
+    settle_timeout_ms: int = Field(3000, ge=0, description="upper bound on waiting for a page to settle after an action")
+    action_timeout_ms: int = Field(5000, ge=100, description="timeout of one browser action")
+    type_replaces: bool = Field(True, description="Type clears the field first (fixes the official Meta+A append bug)")
+    screenshots: bool = Field(False, description="save a PNG screenshot per step for the viewer")
+    episode_retries: int = Field(1, ge=0, description="retries of an episode whose browser crashed before marking it error")
+    block_other_hosts: bool = Field(True, description="block navigation outside the task's sites and record it")
+
+
+class PromptConfig(Section):
+    style: Literal["completion", "chat"] = Field(
+        "completion", description="completion: WebRL raw prompt; chat: messages for instruction-tuned models")
+
+
+class LoraConfig(Section):
+    enabled: bool = Field(False, description="train LoRA adapters instead of all weights")
+    r: int = Field(16, ge=1, description="LoRA rank")
+    alpha: int = Field(32, ge=1, description="LoRA scaling numerator")
+    dropout: float = Field(0.05, ge=0, le=1, description="LoRA dropout")
+    target_modules: str | list[str] = Field("all-linear", description="modules that get adapters")
+
+
+class EmbeddedModelConfig(Section):
+    vocab_size: int = Field(2048, ge=300, description="BPE vocabulary size of the embedded tokenizer")
+    hidden_size: int = Field(256, ge=16, description="hidden size of the embedded Llama")
+    intermediate_size: int = Field(704, ge=16, description="MLP size of the embedded Llama")
+    num_layers: int = Field(4, ge=1, description="decoder layers of the embedded Llama")
+    num_heads: int = Field(4, ge=1, description="attention heads of the embedded Llama")
+    max_length: int = Field(2048, ge=64, description="max tokens (positions) of the embedded models")
+    arch: Literal["llama", "qwen2", "gpt_neox"] = Field("llama", description="architecture of the embedded model")
+
+
+class ModelsConfig(Section):
+    actor: str | None = Field(None, description="HF folder of the starting actor (SFT model); empty: build the embedded one")
+    orm: str | None = Field(None, description="HF folder of the ORM; empty: train the embedded one")
+    critic: str | None = Field(None, description="folder of a trained critic to resume; empty: init from the actor")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights dtype for training/inference")
+    device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:0', ...")
+    gradient_checkpointing: bool = Field(False, description="recompute activations to save memory")
+    max_length: int = Field(4096, ge=64, description="max tokens of prompt+action; the observation is cut, never the action")
+    lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings for every trained model")
+    embedded: EmbeddedModelConfig = Field(default_factory=EmbeddedModelConfig, description="embedded default model sizes")
+
+    @field_validator("actor", "orm", "critic")
+    @classmethod
+    def _exists(cls, v: str | None, info) -> str | None:
+        return _existing_path(v, f"models.{info.field_name}")
+
+
+class PolicyConfig(Section):
+    backend: Literal["hf", "openai", "oracle", "random"] = Field(
+        "hf", description="hf: in-process model; openai: OpenAI-compatible server; oracle/random: scripted")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    model_name: str | None = Field(None, description="model name sent to the endpoint")
+    api_key_env: str = Field("OPENAI_API_KEY", description="env var holding the endpoint's API key")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature for training rollouts (paper: 1)")
+    eval_temperature: float = Field(0.0, ge=0, description="sampling temperature for test-set evaluation (0 = greedy)")
+    top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling mass")
+    max_new_tokens: int = Field(128, ge=1, description="tokens generated per action")
+    batch_size: int = Field(16, ge=1, description="prompts per generate() call in-process")
+    concurrency: int = Field(16, ge=1, description="concurrent requests to an OpenAI-compatible server")
+
+
+class OrmConfig(Section):
+    threshold: float = Field(0.5, ge=0, le=1, description="success iff P(YES) >= threshold")
+    max_html_chars: int = Field(12000, ge=100, description="characters of final HTML in the ORM prompt (HTML is cut, never the question)")
+    epochs: float = Field(3.0, gt=0, description="ORM SFT epochs")
+    lr: float = Field(5e-4, gt=0, description="ORM learning rate (embedded tiny model; 5e-6 for 8B as in the paper)")
+    batch_size: int = Field(8, ge=1, description="ORM training/scoring micro-batch")
+    eval_fraction: float = Field(0.2, ge=0, lt=1, description="held-out share for ORM accuracy/precision/recall")
+
+
+class CriticConfig(Section):
+    lr: float = Field(3e-4, gt=0, description="critic learning rate (1e-6 for 8B models in the paper)")
+    epochs: float = Field(1.0, gt=0, description="critic epochs per phase (paper: 1)")
+    batch_size: int = Field(8, ge=1, description="critic micro-batch")
+    filter_low: float = Field(0.05, ge=0, le=1, description="keep generated tasks whose critic value is >= this")
+    filter_high: float = Field(0.75, ge=0, le=1, description="... and <= this")
+
+
+class ReplayConfig(Section):
+    enabled: bool = Field(True, description="mix perplexity-filtered successful steps of earlier phases (ablation: off)")
+    low: float = Field(0.5, ge=0, le=1, description="keep steps with 1/PPL > low")
+    high: float = Field(0.95, ge=0, le=1, description="... and 1/PPL <= high")
+    cap_ratio: float = Field(2.0, ge=0, description="at most cap_ratio x the current phase's step count")
+    batch_size: int = Field(8, ge=1, description="micro-batch of the perplexity pass (chosen by measurement on CPU)")
+
+
+class ActorTrainConfig(Section):
+    loss: Literal["paper", "official"] = Field("official", description="paper: Eq. 6 squared loss; official: repo's Huber rule")
+    kl: bool = Field(True, description="KL-constrained loss; False = plain SFT on the same data (Fig. 5 ablation)")
+    beta: float = Field(1.0, gt=0, description="KL coefficient for loss=paper (official uses 1/5 adaptively)")
+    lam: float = Field(0.5, ge=0, le=1, description="lambda mixing 1-step TD and MC advantage (paper Eq. 9)")
+    gamma: float = Field(0.9, ge=0, le=1, description="discount of the Monte-Carlo return")
+    margin: float = Field(0.05, ge=0, description="official advantage margin subtracted from V(s')-V(s)")
+    lr: float = Field(1e-4, gt=0, description="actor LR; paper 1e-6 for 8B; the tiny embedded model needs ~1e-4 to move")
+    epochs: float = Field(1.0, gt=0, description="actor epochs per phase (paper: 1)")
+    batch_size: int = Field(8, ge=1, description="actor micro-batch")
+    grad_accum: int = Field(1, ge=1, description="gradient accumulation steps")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping (paper: 1.0)")
+    sft_lr: float = Field(1e-3, gt=0, description="LR of the bootstrap SFT of the embedded actor")
+    sft_epochs: float = Field(8.0, gt=0, description="epochs of the bootstrap SFT")
+
+
+class CurriculumConfig(Section):
+    generator: Literal["embedded", "openai", "hf"] = Field(
+        "embedded", description="embedded: vary failed tasks within site families; openai/hf: LLM in-breadth evolving")
+    tasks_per_phase: int = Field(500, ge=1, description="tasks kept per phase after filtering (paper: 500)")
+    generation_turns: int = Field(2, ge=1, description="LLM calls per site per phase")
+    seed_num: int = Field(10, ge=1, description="failed tasks shown per LLM call")
+    base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the generator")
+    model_name: str = Field("gpt-4o-2024-05-13", description="generator model name")
+    hf_model: str | None = Field(None, description="local HF model folder for generator=hf")
+    phase1_filter: Literal["skip", "orm"] = Field("skip", description="filter in phase 1 without a trained critic")
+    human_review: bool = Field(False, description="pause the flow for approval of generated tasks in the Prefect UI")
+    review_timeout_s: int = Field(3600, ge=1, description="seconds to wait for review before the default applies")
+    review_default: Literal["approve", "drop"] = Field("approve", description="decision when the review times out")
+
+
+class EvalConfig(Section):
+    test_set: str = Field("embedded", description="'embedded' (held-out test set) or a WebArena-Lite raw JSON path")
+    max_tasks: int | None = Field(None, ge=1, description="evaluate only the first N test tasks (smoke runs)")
+    fuzzy_judge_url: str | None = Field(None, description="OpenAI-compatible endpoint for fuzzy_match; empty: exact fallback")
+    fuzzy_judge_model: str = Field("gpt-4-1106-preview", description="model of the fuzzy_match judge")
+
+
+class TrackingConfig(Section):
+    mlflow_uri: str | None = Field(None, description="MLflow tracking URI; empty: sqlite in the run dir; MLFLOW_TRACKING_URI wins")
+    experiment: str = Field("webrl", description="MLflow experiment name")
+
+
+class WebRLSettings(Section):
+    """The whole resolved config."""
+
+    run: RunConfig = Field(default_factory=RunConfig, description="run identity and seed")
+    sites: SitesConfig = Field(default_factory=SitesConfig, description="which websites the agent acts in")
+    env: EnvConfig = Field(default_factory=EnvConfig, description="browser environment")
+    prompt: PromptConfig = Field(default_factory=PromptConfig, description="prompt format")
+    models: ModelsConfig = Field(default_factory=ModelsConfig, description="model folders and sizes")
+    policy: PolicyConfig = Field(default_factory=PolicyConfig, description="how actions are generated")
+    orm: OrmConfig = Field(default_factory=OrmConfig, description="outcome reward model")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="critic training and task filter")
+    replay: ReplayConfig = Field(default_factory=ReplayConfig, description="perplexity replay selection")
+    actor: ActorTrainConfig = Field(default_factory=ActorTrainConfig, description="KL-constrained actor update")
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="self-evolving task generation")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="test-set evaluation")
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking")
+
+    def run_dir(self) -> Path:
+        return Path(self.run.root) / self.run.name
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+def packaged_config(name: str) -> Path:
+    """Path of a config shipped in webrl_core/configs (``smoke`` or ``smoke.yaml``)."""
+    fname = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+    return Path(str(resources.files("webrl_core") / "configs" / fname))
+
+
+def packaged_config_names() -> list[str]:
+    folder = Path(str(resources.files("webrl_core") / "configs"))
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def _resolve_ref(ref: str, base: Path | None) -> Path:
+    cand = Path(os.path.expanduser(ref))
+    if not cand.is_absolute() and base is not None and (base.parent / cand).exists():
+        return base.parent / cand
+    if cand.exists():
+        return cand
+    pk = packaged_config(ref)
+    if pk.exists():
+        return pk
+    where = f" (referenced from {base})" if base else ""
+    raise ConfigError(f"config file not found: {ref!r}{where}; packaged configs: {packaged_config_names()}")
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "urls":
+            out[k] = _deep_merge(out[k], v)
+        elif isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = {**out[k], **v}
+        else:
+            out[k] = v
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """Read a YAML file and the chain of files it ``extends:``."""
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'extends' cycle: {' -> '.join(map(str, seen + (path,)))}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+    parent = data.pop("extends", None)
+    if parent:
+        parents = parent if isinstance(parent, list) else [parent]
+        merged: dict = {}
+        for p in parents:
+            merged = _deep_merge(merged, _read_yaml(_resolve_ref(str(p), path), seen + (path.resolve(),)))
+        data = _deep_merge(merged, data)
+    return data
+
+
+def _set_dotted(data: dict, dotted: str, raw: str) -> None:
+    keys = dotted.split(".")
+    cur = data
+    for k in keys[:-1]:
+        nxt = cur.setdefault(k, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"--set {dotted}={raw}: {k!r} is not a section")
+        cur = nxt
+    try:
+        cur[keys[-1]] = yaml.safe_load(raw) if raw != "" else None
+    except yaml.YAMLError:
+        cur[keys[-1]] = raw
+
+
+def env_site_urls(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """WebArena's URL env vars (and BrowserGym's WA_ names; the unprefixed name wins)."""
+    environ = os.environ if environ is None else environ
+    out = {}
+    for site in SITE_NAMES:
+        var = site.upper()
+        val = environ.get(var) or environ.get(f"WA_{var}")
+        if val:
+            out[site] = val.rstrip("/")
+    return out
+
+
+def _allowed_for(loc: tuple, model: type[BaseModel] = None) -> str:
+    model = model or WebRLSettings
+    for part in loc[:-1]:
+        f = model.model_fields.get(part) if isinstance(part, str) else None
+        ann = getattr(f, "annotation", None) if f else None
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+        else:
+            return ""
+    return ", ".join(sorted(model.model_fields))
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config {source}:"]
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        field = ".".join(str(p) for p in loc)
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  field '{field}': unknown key; allowed keys here: {_allowed_for(loc)}")
+        else:
+            got = e.get("input")
+            got_s = f" (got {got!r})" if not isinstance(got, dict) else ""
+            lines.append(f"  field '{field}': {e['msg']}{got_s}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overlays: list[str | Path] = (),
+                sets: list[str] = (), environ: dict[str, str] | None = None) -> WebRLSettings:
+    """Resolve a config: defaults <- file (and its extends) <- overlays <- --set <- URL env vars."""
+    data = _read_yaml(packaged_config("default"))
+    source = str(packaged_config("default"))
+    if path:
+        p = _resolve_ref(str(path), None)
+        data = _deep_merge(data, _read_yaml(p))
+        source = str(p)
+    for ov in overlays:
+        p = _resolve_ref(str(ov), None)
+        data = _deep_merge(data, _read_yaml(p))
+        source += f" + {p}"
+    for s in sets:
+        if "=" not in s:
+            raise ConfigError(f"--set {s!r}: expected section.key=value")
+        k, v = s.split("=", 1)
+        _set_dotted(data, k.strip(), v.strip())
+        source += f" + --set {k.strip()}"
+    env_urls = env_site_urls(environ)
+    if env_urls:
+        data.setdefault("sites", {})
+        data["sites"]["urls"] = {**(data["sites"].get("urls") or {}), **env_urls}
+    try:
+        return WebRLSettings.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, source)) from None
+
+
+def dump_config(cfg: WebRLSettings) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def describe_fields(model: type[BaseModel] = WebRLSettings, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """(dotted name, description, default) for every leaf field: the config reference."""
+    rows = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += describe_fields(ann, f"{prefix}{name}.")
+        else:
+            default = f.get_default(call_default_factory=True)
+            rows.append((f"{prefix}{name}", f.description or "", default))
+    return rows

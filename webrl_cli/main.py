@@ -16,6 +16,7 @@ _GROUPS = [
     ("bench", "webrl_cli.bench_cmd", "Benchmarks that print numbers."),
     ("env", "webrl_cli.env_cmd", "Browser environments: embedded sites, MiniWoB++, interactive play."),
     ("tasks", "webrl_cli.tasks_cmd", "Task sets: WebArena-Lite export, embedded families, test set."),
+    ("sites", "webrl_cli.sites_cmd", "The embedded WebArena-style sites: serve, oracle checks, observation sizes."),
     ("serve", "webrl_cli.serve_cmd", "Start local servers (MLflow UI, Prefect server + worker)."),
 ]
 
@@ -30,7 +31,7 @@ for _name, _mod, _help in _GROUPS:
 
 # Top-level commands (demo, phase, train, eval, reproduce) live in webrl_cli/run_cmd.py.
 try:
-    from webrl_cli import run_cmd as _run_cmd  # noqa: F401  (registers commands on `app`)
+    importlib.import_module("webrl_cli.run_cmd")  # registers commands on `app`
 except ModuleNotFoundError as _e:
     if _e.name != "webrl_cli.run_cmd":
         raise

@@ -168,6 +168,9 @@ class CriticConfig(Section):
     batch_size: int = Field(8, ge=1, description="critic micro-batch")
     filter_low: float = Field(0.05, ge=0, le=1, description="keep generated tasks whose critic value is >= this")
     filter_high: float = Field(0.75, ge=0, le=1, description="... and <= this")
+    head_init_std: float | None = Field(0.2, description="std of the first two head Linears (official 0.2; ~1/sqrt(h) is calmer; null: PyTorch default)")
+    max_grad_norm: float = Field(1.0, gt=0, description="critic gradient clipping (paper: 1.0)")
+    grad_accum: int = Field(1, ge=1, description="critic gradient accumulation steps")
 
 
 class ReplayConfig(Section):
@@ -192,6 +195,11 @@ class ActorTrainConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping (paper: 1.0)")
     sft_lr: float = Field(1e-3, gt=0, description="LR of the bootstrap SFT of the embedded actor")
     sft_epochs: float = Field(8.0, gt=0, description="epochs of the bootstrap SFT")
+    beta_high: float = Field(5.0, gt=0, description="official adaptive beta for confident references (low is 1)")
+    paper_logratio: Literal["sum", "mean"] = Field(
+        "sum", description="loss=paper: sequence log-ratio (sum, the paper's log pi(a|s)) or per-token mean")
+    count_norm: Literal["sample", "batch"] = Field(
+        "sample", description="loss=official: divide the log-ratio by the sample's action tokens (the repo at its batch 1) or the batch's")
 
 
 class CurriculumConfig(Section):

@@ -1,0 +1,20 @@
+# The README's two commands: `make demo` and `make test`. Both set everything up first (idempotent).
+.PHONY: setup demo test bench clean
+
+setup:
+	bash infra/setup.sh
+
+demo: setup
+	.venv/bin/webrl demo
+
+test: setup
+	.venv/bin/python -m pytest -q tests
+
+bench: setup
+	.venv/bin/webrl bench store
+	.venv/bin/webrl bench rollout
+	.venv/bin/webrl bench score
+	.venv/bin/webrl bench train
+
+clean:
+	rm -rf runs .pytest_cache

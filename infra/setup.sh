@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Idempotent setup for a fresh machine of our kind (Debian 12, Python 3.11):
+# Debian's Chromium, a virtual environment in .venv, the pinned Python stack, webrl itself (editable).
+# GPU users: install your CUDA build of torch==2.13.0 into .venv first; this script keeps it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "[setup] installing Debian chromium"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  $PY -m venv .venv
+fi
+VPY=.venv/bin/python
+stamp=.venv/.webrl-setup-$(cat pyproject.toml infra/requirements.txt infra/constraints.txt | sha256sum | cut -c1-16)
+if [ -f "$stamp" ]; then
+  echo "[setup] python stack up to date"
+  exit 0
+fi
+$VPY -m pip install -q --upgrade pip uv
+# uv does not read pip.conf: pass the machine's local wheel folder (the CPU torch wheel lives there)
+FIND_LINKS=$($VPY -m pip config get global.find-links 2>/dev/null || true)
+UVARGS=()
+[ -n "$FIND_LINKS" ] && UVARGS+=(--find-links "$FIND_LINKS")
+if ! $VPY -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') else 1)" 2>/dev/null; then
+  echo "[setup] installing torch 2.13.0 (CPU wheel)"
+  .venv/bin/uv pip install --python $VPY "${UVARGS[@]}" torch==2.13.0 -c infra/constraints.txt
+fi
+echo "[setup] installing the pinned stack"
+# keep whatever torch 2.13.0 build is installed (CPU here, CUDA for GPU users)
+TORCH_PIN=$($VPY -c "import torch; print('torch=='+torch.__version__)")
+echo "$TORCH_PIN" > .venv/torch-constraint.txt
+.venv/bin/uv pip install --python $VPY "${UVARGS[@]}" -r infra/requirements.txt -c .venv/torch-constraint.txt
+.venv/bin/uv pip install --python $VPY "${UVARGS[@]}" --no-deps -e .
+rm -f .venv/.webrl-setup-*
+touch "$stamp"
+echo "[setup] done: $($VPY -c 'import torch, prefect, transformers; print("torch", torch.__version__, "prefect", prefect.__version__, "transformers", transformers.__version__)')"

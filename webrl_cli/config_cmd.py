@@ -1,0 +1,46 @@
+"""`webrl config ...`."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+
+@app.command("show")
+def show(file: Optional[str] = typer.Argument(None, help="config YAML (a path or a packaged name: default, demo, smoke, webarena)"),
+         overlay: List[str] = typer.Option([], "--overlay", "-o", help="overlay YAML files applied in order"),
+         set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides"),
+         doc: bool = typer.Option(False, "--doc", help="print every field with its description and default")):
+    """Print the resolved config (defaults <- FILE <- overlays <- --set <- URL env vars)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from webrl_core.config import ConfigError, describe_fields, dump_config, load_config
+
+    console = Console()
+    if doc:
+        table = Table(title="webrl config fields")
+        for col in ("field", "default", "description"):
+            table.add_column(col)
+        for name, desc, default in describe_fields():
+            table.add_row(name, repr(default), desc)
+        console.print(table)
+        return
+    try:
+        cfg = load_config(file, overlay, set_)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2)
+    typer.echo(dump_config(cfg), nl=False)
+
+
+@app.command("list")
+def list_packaged():
+    """List the configs shipped with webrl."""
+    from webrl_core.config import packaged_config, packaged_config_names
+
+    for n in packaged_config_names():
+        typer.echo(f"{n}\t{packaged_config(n)}")

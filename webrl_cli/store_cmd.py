@@ -1,0 +1,125 @@
+"""`webrl store ...`: inspect, query, export and import trajectories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+
+def _store(run_dir: str):
+    from webrl_core.store import TrajectoryStore
+
+    if not (Path(run_dir) / "store").exists():
+        typer.echo(f"no store at {Path(run_dir) / 'store'} (is {run_dir!r} a run directory?)", err=True)
+        raise typer.Exit(2)
+    return TrajectoryStore(run_dir)
+
+
+@app.command("stats")
+def stats(run_dir: str = typer.Argument(..., help="run directory (contains store/)")):
+    """Row counts and per-phase episodes, steps, success rate and errors."""
+    from rich.console import Console
+    from rich.table import Table
+
+    st = _store(run_dir).stats()
+    console = Console()
+    console.print(f"store {st['root']} (schema v{st['schema_version']}): tasks={st['tasks']} episodes={st['episodes']} "
+                  f"steps={st['steps']} scores={st['scores']}")
+    t = Table()
+    for c in ("phase", "purpose", "episodes", "steps", "success_rate", "errors"):
+        t.add_column(c)
+    for r in st["by_phase"]:
+        t.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in
+                    ("phase", "purpose", "episodes", "steps", "success_rate", "errors")))
+    console.print(t)
+
+
+@app.command("query")
+def query(run_dir: str = typer.Argument(..., help="run directory"),
+          sql: str = typer.Argument(..., help="SQL over the views tasks, episodes, steps, scores"),
+          limit: int = typer.Option(50, help="rows to print"),
+          csv: Optional[str] = typer.Option(None, help="write all rows to this CSV instead")):
+    """Run SQL against the store's DuckDB views."""
+    import duckdb
+    from rich.console import Console
+    from rich.table import Table
+
+    store = _store(run_dir)
+    con = store.connect()
+    try:
+        rel = con.sql(sql)
+    except duckdb.Error as e:
+        typer.echo(f"query failed: {e}", err=True)
+        raise typer.Exit(2)
+    if rel is None:
+        return
+    if csv:
+        rel.write_csv(csv)
+        typer.echo(f"wrote {csv}")
+        return
+    rows = rel.limit(limit).fetchall()
+    t = Table()
+    for c in rel.columns:
+        t.add_column(c, overflow="fold", max_width=60)
+    for r in rows:
+        t.add_row(*(str(v)[:300] for v in r))
+    Console().print(t)
+
+
+@app.command("export")
+def export(run_dir: str = typer.Argument(..., help="run directory"),
+           phase: int = typer.Option(..., help="phase to export"),
+           format: str = typer.Option("jsonl", help="webrl-pt (official process_data.py records, torch.save) | jsonl"),
+           out: Optional[str] = typer.Option(None, help="output path (default: <run_dir>/export/phase=N.<ext>)"),
+           gamma: float = typer.Option(0.9, help="discount for mc_return")):
+    """Export a phase's trajectories (official stage-1 record format or JSON lines)."""
+    import json
+
+    from webrl_core.transitions import build_trajectories, export_official
+
+    store = _store(run_dir)
+    episodes = [e for e in store.episodes(phase) if e["status"] != "error"]
+    steps = store.steps(phase)
+    if format not in ("webrl-pt", "jsonl"):
+        typer.echo(f"--format {format!r}: allowed values are webrl-pt, jsonl", err=True)
+        raise typer.Exit(2)
+    ext = "pt" if format == "webrl-pt" else "jsonl"
+    path = Path(out or Path(run_dir) / "export" / f"phase={phase}.{ext}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    trajs = build_trajectories(episodes, steps, gamma=gamma)
+    if format == "webrl-pt":
+        export_official(trajs, path)
+    else:
+        with open(path, "w") as fh:
+            for tr in trajs:
+                fh.write(json.dumps(tr, default=str) + "\n")
+    typer.echo(f"wrote {len(trajs)} trajectories ({sum(len(t) for t in trajs)} steps) to {path}")
+
+
+@app.command("import-traces")
+def import_traces(traces_dir: str = typer.Argument(..., help="VAB result dir (with traces/*.jsonl) or the traces/ dir"),
+                  run_dir: str = typer.Option(..., "--run-dir", help="run directory to import into"),
+                  phase: int = typer.Option(0, help="phase to file the episodes under")):
+    """Import VAB-WebArena-Lite `traces/*.jsonl` (+ actions/<id>.json scores) as episodes and steps."""
+    from webrl_core.store import TrajectoryStore
+    from webrl_core.transitions import import_vab_traces
+
+    items = import_vab_traces(traces_dir, phase=phase)
+    n = TrajectoryStore(run_dir).write_episodes(items)
+    typer.echo(f"imported {n} episodes ({sum(len(s) for _, s in items)} steps) into {run_dir}")
+
+
+@app.command("schema")
+def schema():
+    """Print the tables, their columns and the schema version."""
+    from webrl_core.store import COLUMN_DOCS, SCHEMA_VERSION, SCHEMAS
+
+    typer.echo(f"schema version {SCHEMA_VERSION}")
+    for name, sch in SCHEMAS.items():
+        typer.echo(f"\n{name}: {COLUMN_DOCS[name]}")
+        for f in sch:
+            typer.echo(f"  {f.name:16s} {f.type}")

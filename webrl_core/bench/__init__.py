@@ -1,0 +1,1 @@
+"""Benchmark programs behind `webrl bench ...`; each prints its numbers and says what a ratio compares."""

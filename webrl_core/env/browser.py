@@ -1,0 +1,257 @@
+"""Async Playwright over Debian's Chromium: a pool of browser processes that hand out contexts, and the
+``SiteHooks`` protocol a website provider implements.
+
+Pool contract: environment slot ``i`` gets its contexts from browser process ``i // contexts_per_browser``;
+browsers start lazily and a browser that disconnected (crash, kill) is relaunched on the next
+``new_context`` call. Each episode gets a fresh context (clean cookies/storage), opened with the task's
+viewport, geolocation and storage_state file.
+
+Hosts are compared as ``host:port`` strings (``url_host``), with the default port filled in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+
+WEBARENA_PLACEHOLDERS = {
+    "shopping": "__SHOPPING__", "shopping_admin": "__SHOPPING_ADMIN__", "reddit": "__REDDIT__",
+    "gitlab": "__GITLAB__", "map": "__MAP__", "wikipedia": "__WIKIPEDIA__", "homepage": "__HOMEPAGE__",
+}
+
+
+def url_host(url: str) -> str:
+    """``host:port`` of a URL (default ports filled in); '' for URLs without a network host."""
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return ""
+    port = parts.port or {"http": 80, "https": 443, "ws": 80, "wss": 443}.get(parts.scheme, 0)
+    return f"{parts.hostname}:{port}"
+
+
+def substitute_urls(obj: Any, url_map: dict[str, str]) -> Any:
+    """Replace every placeholder (``__SHOPPING__`` ...) in all strings of a task config."""
+    if isinstance(obj, str):
+        # longest first, so __SHOPPING__ does not eat the start of __SHOPPING_ADMIN__
+        for ph in sorted(url_map, key=len, reverse=True):
+            if ph in obj:
+                obj = obj.replace(ph, url_map[ph].rstrip("/"))
+        return obj
+    if isinstance(obj, list):
+        return [substitute_urls(x, url_map) for x in obj]
+    if isinstance(obj, dict):
+        return {k: substitute_urls(v, url_map) for k, v in obj.items()}
+    return obj
+
+
+@runtime_checkable
+class SiteHooks(Protocol):
+    """What a website provider gives the environment.
+
+    Optional extras that ``WebEnv`` uses when present (MiniWoB++ implements them):
+    ``async after_reset(page, task, episode_id) -> dict | None`` (updates merged into the task, e.g. the intent
+    read from the page), ``async episode_status(page, task) -> dict | None`` (``{"done": bool, ...}`` after each
+    action), ``async evaluate_episode(page, task, answer) -> float | None`` (replaces the WebArena evaluators),
+    and ``storage_state_for(task) -> str | None``.
+    """
+
+    def url_map(self) -> dict[str, str]: ...
+
+    def allowed_hosts(self) -> list[str]: ...
+
+    async def prepare_context(self, context, task: dict, episode_id: str) -> None: ...
+
+    def eval_helpers(self) -> dict[str, Callable]: ...
+
+
+class NoHooks:
+    """Any page on any host; no login. For `webrl env play` on an arbitrary URL and for tests."""
+
+    def __init__(self, allowed: list[str] | None = None) -> None:
+        self._allowed = list(allowed or [])
+
+    def url_map(self) -> dict[str, str]:
+        return {}
+
+    def allowed_hosts(self) -> list[str]:
+        return self._allowed
+
+    async def prepare_context(self, context, task: dict, episode_id: str) -> None:
+        return None
+
+    def eval_helpers(self) -> dict[str, Callable]:
+        return {}
+
+
+class WebArenaHooks:
+    """Real WebArena sites from a ``{site: base_url}`` dict; logins come from storage_state files.
+
+    A task's ``storage_state`` (``./.auth/shopping_state.json`` in the official configs) is looked up as given,
+    then by file name inside ``auth_dir``. A missing file for a task with ``require_login`` is an error that
+    names the file, because an anonymous session silently scores lower (webagents-step#2).
+    """
+
+    def __init__(self, urls: dict[str, str], auth_dir: str | os.PathLike = ".auth") -> None:
+        bad = sorted(set(urls) - set(WEBARENA_PLACEHOLDERS))
+        if bad:
+            raise ValueError(f"unknown WebArena site(s) {bad}; allowed: {sorted(WEBARENA_PLACEHOLDERS)}")
+        self.urls = {k: v.rstrip("/") for k, v in urls.items()}
+        self.auth_dir = Path(auth_dir)
+
+    def url_map(self) -> dict[str, str]:
+        return {WEBARENA_PLACEHOLDERS[s]: u for s, u in self.urls.items()}
+
+    def allowed_hosts(self) -> list[str]:
+        return sorted({url_host(u) for u in self.urls.values() if url_host(u)})
+
+    def storage_state_for(self, task: dict) -> str | None:
+        ref = task.get("storage_state")
+        if not ref:
+            return None
+        for cand in (Path(ref), self.auth_dir / Path(ref).name):
+            if cand.is_file():
+                json.loads(cand.read_text())  # a corrupt file fails here, with its name in the traceback
+                return str(cand)
+        if task.get("require_login", True):
+            raise FileNotFoundError(
+                f"task {task.get('task_id')}: storage_state {ref!r} not found (also looked in {self.auth_dir}/); "
+                f"log in to the sites and save the states first")
+        return None
+
+    async def prepare_context(self, context, task: dict, episode_id: str) -> None:
+        return None  # the storage_state file already holds the login
+
+    def eval_helpers(self) -> dict[str, Callable]:
+        return {}
+
+
+class BrowserPool:
+    """Chromium processes shared by environment slots (``contexts_per_browser`` slots per process)."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self._pw = None
+        self._pw_cm = None
+        self._browsers: dict[int, Any] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+        self.restarts = 0
+
+    async def start(self) -> "BrowserPool":
+        if self._pw is None:
+            from playwright.async_api import async_playwright
+            self._pw_cm = async_playwright()
+            self._pw = await self._pw_cm.__aenter__()
+        return self
+
+    async def close(self) -> None:
+        for b in list(self._browsers.values()):
+            try:
+                await b.close()
+            except Exception:  # already dead
+                pass
+        self._browsers.clear()
+        if self._pw_cm is not None:
+            try:
+                await self._pw_cm.__aexit__(None, None, None)
+            except Exception:
+                pass
+        self._pw = self._pw_cm = None
+
+    async def __aenter__(self) -> "BrowserPool":
+        return await self.start()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def browser_for(self, slot: int):
+        """The live browser process of a slot, (re)launched when missing or disconnected."""
+        await self.start()
+        idx = slot // self.cfg.contexts_per_browser
+        lock = self._locks.setdefault(idx, asyncio.Lock())
+        async with lock:
+            b = self._browsers.get(idx)
+            if b is None or not b.is_connected():
+                if b is not None:
+                    self.restarts += 1
+                if not Path(self.cfg.chromium_path).exists():
+                    raise FileNotFoundError(f"env.chromium_path: {self.cfg.chromium_path!r} does not exist "
+                                            f"(install Debian's chromium or set the path)")
+                b = await self._pw.chromium.launch(executable_path=self.cfg.chromium_path,
+                                                   headless=self.cfg.headless, args=CHROMIUM_ARGS)
+                self._browsers[idx] = b
+            return b
+
+    async def new_context(self, slot: int, *, storage_state: str | None = None,
+                          geolocation: dict | None = None):
+        browser = await self.browser_for(slot)
+        kwargs: dict[str, Any] = {"viewport": {"width": self.cfg.viewport_width, "height": self.cfg.viewport_height}}
+        if storage_state:
+            kwargs["storage_state"] = storage_state
+        if geolocation:
+            kwargs["geolocation"] = geolocation
+            kwargs["permissions"] = ["geolocation"]
+        ctx = await browser.new_context(**kwargs)
+        ctx.set_default_timeout(self.cfg.action_timeout_ms)
+        ctx.set_default_navigation_timeout(max(self.cfg.action_timeout_ms, 10000))
+        return ctx
+
+    async def restart(self, slot: int) -> None:
+        """Close (if still up) and forget the browser of a slot; the next context relaunches it."""
+        idx = slot // self.cfg.contexts_per_browser
+        b = self._browsers.pop(idx, None)
+        if b is not None:
+            self.restarts += 1
+            try:
+                await b.close()
+            except Exception:
+                pass
+
+
+def chromium_pids(root_pid: int | None = None) -> list[int]:
+    """PIDs of chromium processes that descend from ``root_pid`` (default: this process)."""
+    root_pid = os.getpid() if root_pid is None else root_pid
+    children: dict[int, list[int]] = {}
+    names: dict[int, str] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1: stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(d))
+        names[int(d)] = name
+    out, todo = [], [root_pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            todo.append(c)
+            if "chrom" in names.get(c, ""):
+                out.append(c)
+    return out
+
+
+def browser_main_pids(root_pid: int | None = None) -> list[int]:
+    """The top chromium process of each browser (its parent is not chromium)."""
+    pids = set(chromium_pids(root_pid))
+    main = []
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except OSError:
+            continue
+        if ppid not in pids:
+            main.append(p)
+    return sorted(main)

@@ -1,0 +1,316 @@
+"""Loading, building and saving the causal LMs every WebRL stage uses (actor, reference, critic backbone, ORM).
+
+Contract:
+- Any Hugging Face causal-LM folder works (Llama, Qwen2, Mistral, GPT-NeoX, Gemma, ...). Nothing here names an
+  architecture's attributes: the backbone is ``model.get_decoder()``, the head ``model.get_output_embeddings()``,
+  the width ``config.hidden_size`` (text sub-config for multimodal configs).
+- Token ids of a training/scoring sample are built as
+
+      input_ids = prompt_ids + action_ids + [stop_id]
+
+  from *separately* tokenised prompt and action (webrl_spec.md §10.2: no BPE merge across the boundary can shift
+  the action mask). ``prompt_ids`` starts with BOS when the tokenizer has one and the prompt text does not already
+  start with it (Llama-3 behaviour; the ORM prompt carries its BOS as text). ``stop_id`` is ``<|eot_id|>`` when the
+  vocabulary has it, else EOS. When the sample is longer than ``max_length`` only the observation is cut: the
+  prompt's text before its last ``<|eot_id|>`` (i.e. the end of the current HTML, like the character budget of
+  ``build_prompt``); the assistant header after it and the action are always kept.
+- Embedded default models (no hub downloads): a byte-level BPE trained with ``tokenizers`` on our own corpus, with
+  ``prompts.SPECIAL_TOKENS`` atomic (pad ``<pad>``, bos ``<|begin_of_text|>``, eos ``<|eot_id|>``) and "YES"/"NO"
+  as added single tokens (the ORM reads their next-token logits, so each must be exactly one id); plus a small
+  Llama / Qwen2 / GPT-NeoX built from a config with random weights, saved as a normal HF folder (safetensors) that
+  ``AutoModelForCausalLM.from_pretrained`` and vLLM load.
+- ``save_model`` always writes a plain full-weights HF folder at ``out_dir``; with LoRA the adapter goes to
+  ``out_dir/adapter`` and ``out_dir`` holds the merged weights, so every consumer loads ``out_dir`` the same way.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from webrl_core.config import EmbeddedModelConfig, LoraConfig, ModelsConfig
+from webrl_core.prompts import BOS, EOT, SPECIAL_TOKENS
+
+ORM_ANSWER_TOKENS = ("YES", "NO")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# ---------------------------------------------------------------------------------------------
+# devices, tokenizers, models
+
+def resolve_device(spec: str = "auto") -> torch.device:
+    """'auto' -> cuda if available else cpu; anything else is passed to torch.device."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise ValueError(f"models.dtype={name!r} is not one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def _check_folder(path: str | os.PathLike, what: str) -> Path:
+    p = Path(path)
+    if not (p / "config.json").exists() and what == "model":
+        raise FileNotFoundError(f"{p}: not a Hugging Face model folder (no config.json)")
+    if what == "tokenizer" and not p.exists():
+        raise FileNotFoundError(f"{p}: tokenizer folder does not exist")
+    return p
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """The folder's tokenizer; pad falls back to EOS (left padding is set by the callers that batch)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(_check_folder(path, "tokenizer")))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool = False):
+    """A causal LM in ``cfg.dtype`` on ``cfg.device``; trainable -> train mode, gradient checkpointing and LoRA by
+    config; frozen -> eval mode with ``requires_grad=False``."""
+    from transformers import AutoModelForCausalLM
+
+    p = _check_folder(path, "model")
+    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype(cfg.dtype))
+    model.to(resolve_device(cfg.device))
+    if not trainable:
+        model.eval().requires_grad_(False)
+        return model
+    model.train()
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.lora.enabled:
+        if cfg.gradient_checkpointing:  # inputs must require grad for checkpointed frozen embeddings
+            model.enable_input_require_grads()
+        model = apply_lora(model, cfg.lora)
+    return model
+
+
+def apply_lora(model, lora: LoraConfig):
+    """Wrap ``model`` in a peft LoRA adapter (only the adapter weights train)."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    pcfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                          target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, pcfg)
+
+
+def unwrap(model):
+    """The transformers model under a peft wrapper (LoRA layers stay injected)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def hidden_size_of(model) -> int:
+    cfg = unwrap(model).config
+    text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    size = getattr(text_cfg, "hidden_size", None)
+    return int(size) if size else int(unwrap(model).get_input_embeddings().embedding_dim)
+
+
+def backbone_and_hidden_size(model) -> tuple[torch.nn.Module, int]:
+    """(decoder without LM head, hidden size): what the critic puts its heads on."""
+    return unwrap(model).get_decoder(), hidden_size_of(model)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions that ignore left padding (forward() alone would count the pads)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Final-layer hidden states [B, T, H] of the backbone (no LM head, no vocabulary-sized tensor)."""
+    backbone, _ = backbone_and_hidden_size(model)
+    out = backbone(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+
+
+def head_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """LM-head logits for selected hidden states only (with Gemma-style final soft-capping when configured)."""
+    base = unwrap(model)
+    logits = base.get_output_embeddings()(hidden).float()
+    cap = getattr(base.config, "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return logits
+
+
+# ---------------------------------------------------------------------------------------------
+# prompt/action token alignment
+
+def eot_token_id(tok) -> int | None:
+    """Id of ``<|eot_id|>`` when it is one token of the vocabulary, else None."""
+    eot = tok.convert_tokens_to_ids(EOT)
+    if isinstance(eot, int) and eot >= 0 and (tok.unk_token_id is None or eot != tok.unk_token_id):
+        return eot
+    return None
+
+
+def stop_token_id(tok) -> int:
+    """``<|eot_id|>`` when the vocabulary has it (Llama-3, the embedded tokenizer), else EOS."""
+    eot = eot_token_id(tok)
+    if eot is not None:
+        return eot
+    if tok.eos_token_id is None:
+        raise ValueError(f"tokenizer {tok.name_or_path!r} has neither {EOT!r} nor an EOS token")
+    return tok.eos_token_id
+
+
+def prompt_token_ids(tok, prompt: str) -> list[int]:
+    """BOS (if the tokenizer has one and the text does not start with it) + the prompt's tokens."""
+    ids = tok.encode(prompt, add_special_tokens=False)
+    if tok.bos_token_id is not None and not prompt.startswith(tok.bos_token or BOS):
+        ids = [tok.bos_token_id] + ids
+    return ids
+
+
+def truncate_prompt_ids(ids: list[int], room: int, eot_id: int | None) -> list[int]:
+    """Cut the observation so the prompt fits ``room`` tokens: drop the end of the text before the last
+    ``<|eot_id|>`` (the end of the current HTML) and keep the assistant header after it. Without an
+    ``<|eot_id|>`` keep the first part and the last min(32, room/4) tokens."""
+    if len(ids) <= room:
+        return ids
+    split = None
+    if eot_id is not None:
+        for i in range(len(ids) - 1, -1, -1):
+            if ids[i] == eot_id:
+                split = i
+                break
+    tail_len = len(ids) - split if split is not None else min(32, room // 4)
+    if tail_len > room:
+        raise ValueError(f"the prompt's closing part needs {tail_len} tokens but only {room} fit; raise models.max_length")
+    head = room - tail_len
+    return ids[:head] + ids[len(ids) - tail_len:]
+
+
+def encode_prompt_action(tok, prompt: str, action: str, max_length: int) -> dict[str, list[int]]:
+    """input_ids = prompt_ids + action_ids + [stop]; labels -100 on the prompt; action_mask 1 on action + stop."""
+    stop = stop_token_id(tok)
+    action_ids = tok.encode(action, add_special_tokens=False) + [stop]
+    room = max_length - len(action_ids)
+    if room < 1:
+        raise ValueError(f"action of {len(action_ids)} tokens does not fit models.max_length={max_length}")
+    p_ids = truncate_prompt_ids(prompt_token_ids(tok, prompt), room, eot_token_id(tok))
+    input_ids = p_ids + action_ids
+    return {
+        "input_ids": input_ids,
+        "attention_mask": [1] * len(input_ids),
+        "labels": [-100] * len(p_ids) + action_ids,
+        "action_mask": [0] * len(p_ids) + [1] * len(action_ids),
+    }
+
+
+def encode_prompt(tok, prompt: str, max_length: int) -> list[int]:
+    """Prompt ids alone, cut like ``encode_prompt_action`` does (generation, ORM, critic inputs)."""
+    return truncate_prompt_ids(prompt_token_ids(tok, prompt), max_length, eot_token_id(tok))
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, T] ids and attention mask with left padding (all sequences end at the last column)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+# ---------------------------------------------------------------------------------------------
+# embedded default models
+
+def train_embedded_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike):
+    """Byte-level BPE on our own corpus, saved as an HF tokenizer folder; returns the loaded tokenizer."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(list(texts), trainer=trainer)
+    # YES / NO: single ids for the ORM decision, matched before BPE so they never split.
+    bpe.add_tokens([AddedToken(t, single_word=False, normalized=False, special=False) for t in ORM_ANSWER_TOKENS])
+    bos_id = bpe.token_to_id(BOS)
+    # tok(text) adds BOS like Llama-3 does, so servers (vLLM) and our code see the same ids.
+    bpe.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B",
+                                                       special_tokens=[(BOS, bos_id)])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token=BOS, eos_token=EOT, pad_token="<pad>",
+                                  additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in ("<pad>", BOS, EOT)])
+    tok.model_max_length = 1 << 30
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(str(out))
+    return load_tokenizer(out)
+
+
+def _arch_config(arch: str, tok, cfg: EmbeddedModelConfig):
+    common = dict(vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                  max_position_embeddings=cfg.max_length, bos_token_id=tok.bos_token_id,
+                  eos_token_id=stop_token_id(tok), pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    if cfg.hidden_size % cfg.num_heads:
+        raise ValueError(f"models.embedded.hidden_size={cfg.hidden_size} is not divisible by num_heads={cfg.num_heads}")
+    if arch == "llama":
+        from transformers import LlamaConfig
+        return LlamaConfig(num_key_value_heads=cfg.num_heads, **common)
+    if arch == "qwen2":
+        from transformers import Qwen2Config
+        return Qwen2Config(num_key_value_heads=cfg.num_heads, **common)
+    if arch == "gpt_neox":
+        from transformers import GPTNeoXConfig
+        return GPTNeoXConfig(**common)
+    raise ValueError(f"models.embedded.arch={arch!r}; allowed: 'llama', 'qwen2', 'gpt_neox'")
+
+
+def build_embedded_model(tokenizer_dir: str | os.PathLike, cfg: EmbeddedModelConfig, out_dir: str | os.PathLike,
+                         seed: int = 0) -> Path:
+    """A randomly initialised small causal LM (``cfg.arch``) + the tokenizer, saved as an HF folder."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    tok = load_tokenizer(tokenizer_dir)
+    mcfg = _arch_config(cfg.arch, tok, cfg)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(mcfg, dtype=torch.float32)
+    model.generation_config = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=stop_token_id(tok),
+                                               pad_token_id=tok.pad_token_id)
+    return save_model(model, tok, out_dir)
+
+
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def save_model(model, tokenizer, out_dir: str | os.PathLike, merge_lora: bool = True) -> Path:
+    """HF folder (safetensors) + tokenizer. A peft model: adapter in ``out_dir/adapter`` and, with merge_lora,
+    the merged full weights in ``out_dir`` (merged on a copy, so training can go on)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if hasattr(model, "peft_config"):
+        model.save_pretrained(str(out / "adapter"), safe_serialization=True)
+        tokenizer.save_pretrained(str(out / "adapter"))
+        if not merge_lora:
+            return out / "adapter"
+        full = copy.deepcopy(model).merge_and_unload()
+    else:
+        full = model
+    # the saved config must not carry training's use_cache=False to inference servers
+    use_cache = getattr(full.config, "use_cache", True)
+    full.config.use_cache = True
+    full.save_pretrained(str(out), safe_serialization=True)
+    full.config.use_cache = use_cache
+    tokenizer.save_pretrained(str(out))
+    return out

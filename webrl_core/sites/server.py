@@ -1,0 +1,194 @@
+"""``EmbeddedSites``: the five embedded WebArena-style sites, served by uvicorn on 127.0.0.1, one port each.
+
+Contract (the env's ``SiteHooks``):
+  - ``url_map()``: {"__SHOPPING__": "http://127.0.0.1:<port>", ...} for the five placeholders;
+  - ``allowed_hosts()``: the ``host:port`` netlocs the agent may visit;
+  - ``prepare_context(context, task, episode_id)``: sets the isolation cookie ``webrl_episode=<episode_id>``
+    (every site then serves that episode its own copy of the seeded database) and the signed login cookie of
+    every site in ``task['sites']`` that has accounts (WebArena's ``require_login``);
+  - ``end_episode(episode_id)``: deletes the episode's database copies (call after scoring);
+  - ``eval_helpers()``: {} -- our program_html checks use JS locators, no Python helpers.
+All servers share one background thread and one asyncio loop; ``stop()`` closes the listening sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import secrets
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from webrl_core.sites.common import EPISODE_COOKIE, HERE, EpisodeDBs, SiteKit, sign
+from webrl_core.sites.data import write_template
+
+# site -> (module with routes(kit), session cookie name or None, {username: password}, placeholder)
+SITES: dict[str, tuple[str, str | None, dict[str, str], str]] = {
+    "shopping": ("webrl_core.sites.shopping", "shopping_session", {"emma.lopez@example.com": "Password.123"},
+                 "__SHOPPING__"),
+    "shopping_admin": ("webrl_core.sites.shopping_admin", "admin_session", {"admin": "admin1234"},
+                       "__SHOPPING_ADMIN__"),
+    "reddit": ("webrl_core.sites.reddit", "forum_session", {"MarvelsGrantMan136": "test1234"}, "__REDDIT__"),
+    "gitlab": ("webrl_core.sites.gitlab", "gitlab_session", {"byteblaze": "hello1234"}, "__GITLAB__"),
+    "map": ("webrl_core.sites.map", None, {}, "__MAP__"),
+}
+PLACEHOLDERS = {spec[3]: site for site, spec in SITES.items()}
+
+
+def build_app(site: str, kit: SiteKit) -> Starlette:
+    module = importlib.import_module(SITES[site][0])
+    css = (HERE / "static" / f"{site}.css").read_text()
+
+    async def style(request: Request):
+        return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    async def favicon(request: Request):
+        return Response(b"", media_type="image/x-icon")
+
+    extra = [Route(p, fn, methods=m) for p, fn, m in kit.login_routes()] if kit.session_cookie else []
+    return Starlette(routes=[Route("/static/style.css", style), Route("/favicon.ico", favicon), *extra,
+                             *module.routes(kit)])
+
+
+class EmbeddedSites:
+    """Start/stop the five sites; implements the env's SiteHooks protocol (see module docstring)."""
+
+    def __init__(self, data_seed: int = 0, host: str = "127.0.0.1", workdir: str | Path | None = None,
+                 sites: tuple[str, ...] = tuple(SITES)):
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(f"EmbeddedSites host {host!r} is not loopback; allowed: 127.0.0.1, localhost, ::1")
+        unknown = sorted(set(sites) - set(SITES))
+        if unknown:
+            raise ValueError(f"unknown embedded site(s) {unknown}; allowed: {list(SITES)}")
+        self.data_seed = data_seed
+        self.host = host
+        self.site_names = tuple(sites)
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir) if workdir else None
+        self.secret = secrets.token_hex(16)
+        self.urls: dict[str, str] = {}
+        self.kits: dict[str, SiteKit] = {}
+        self._servers: list[uvicorn.Server] = []
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, timeout: float = 20.0) -> "EmbeddedSites":
+        if self._thread is not None:
+            return self
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="webrl-sites-"))
+        socks = []
+        for site in self.site_names:
+            mod, cookie, accounts, _ = SITES[site]
+            tmpl = write_template(site, self.data_seed, self.workdir / f"{site}.template.sqlite")
+            self.kits[site] = SiteKit(site, EpisodeDBs(tmpl, self.workdir / site), self.secret, cookie, accounts)
+            sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((self.host, 0))
+            sock.listen(128)
+            sock.set_inheritable(True)
+            socks.append(sock)
+            port = sock.getsockname()[1]
+            self.urls[site] = f"http://{'[::1]' if ':' in self.host else self.host}:{port}"
+            cfg = uvicorn.Config(build_app(site, self.kits[site]), log_level="warning", access_log=False,
+                                 lifespan="off", timeout_keep_alive=30)
+            self._servers.append(uvicorn.Server(cfg))
+        ready = threading.Event()
+
+        def run():
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+
+            async def main():
+                tasks = [asyncio.create_task(s.serve(sockets=[k])) for s, k in zip(self._servers, socks)]
+                while not all(s.started for s in self._servers):
+                    if any(t.done() for t in tasks):
+                        break
+                    await asyncio.sleep(0.02)
+                ready.set()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            self._loop.run_until_complete(main())
+            for k in socks:
+                k.close()
+
+        self._thread = threading.Thread(target=run, name="webrl-embedded-sites", daemon=True)
+        self._thread.start()
+        if not ready.wait(timeout) or not all(s.started for s in self._servers):
+            self.stop()
+            raise RuntimeError(f"embedded sites did not start within {timeout}s")
+        return self
+
+    def stop(self) -> None:
+        for s in self._servers:
+            s.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        self._thread = None
+        self._servers = []
+        if self._own_workdir and self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def __enter__(self) -> "EmbeddedSites":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ SiteHooks
+    def url_map(self) -> dict[str, str]:
+        return {SITES[s][3]: u for s, u in self.urls.items()}
+
+    def allowed_hosts(self) -> list[str]:
+        return [u.split("://", 1)[1] for u in self.urls.values()]
+
+    def login_cookies(self, sites: list[str], episode_id: str) -> list[dict[str, Any]]:
+        """The cookies ``prepare_context`` adds: the isolation cookie plus one signed session per logged-in site."""
+        any_url = next(iter(self.urls.values()))
+        cookies = [{"name": EPISODE_COOKIE, "value": episode_id, "url": any_url}]
+        for site in sites:
+            if site in self.kits and self.kits[site].session_cookie:
+                user = next(iter(SITES[site][2]))
+                cookies.append({"name": self.kits[site].session_cookie, "value": sign(self.secret, user),
+                                "url": self.urls[site]})
+        return cookies
+
+    async def prepare_context(self, context: Any, task: dict, episode_id: str) -> None:
+        sites = list(task.get("sites") or [])
+        if not task.get("require_login", True):
+            sites = []
+        await context.add_cookies(self.login_cookies(sites, episode_id))
+
+    def end_episode(self, episode_id: str) -> None:
+        for kit in self.kits.values():
+            kit.dbs.drop(episode_id)
+
+    def eval_helpers(self) -> dict[str, Any]:
+        return {}
+
+    def wait_ready(self, timeout: float = 10.0) -> None:
+        """Block until every site answers HTTP (used by tests and the CLI)."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        for url in self.urls.values():
+            while True:
+                try:
+                    httpx.get(url + "/static/style.css", timeout=2)
+                    break
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)

@@ -1,0 +1,366 @@
+"""Trajectory store: Parquet files partitioned by phase, exposed as DuckDB views.
+
+Layout (``<run_dir>/store``)::
+
+    tasks/phase=k/<batch>.parquet      one row per task (latest write per task_id wins)
+    episodes/phase=k/<batch>.parquet   one row per episode (latest write per episode_id wins)
+    steps/phase=k/<batch>.parquet      one row per step, tagged with the batch of its episode write
+    scores/phase=k/<batch>.parquet     per-step / per-task values written by later stages
+    webrl.duckdb                       views over the files, for `duckdb` users
+
+Atomicity: a batch is written to ``<name>.parquet.tmp`` and renamed; readers only glob ``*.parquet``,
+so a crash mid-write leaves at most a ``.tmp`` file that reads ignore (and ``cleanup_tmp`` removes).
+Steps are written BEFORE their episode row, and an episode's steps are visible only through the episode
+row that names their batch, so a crash between the two never shows half an episode.
+
+Idempotence: every row carries ``_batch`` (a sortable write id). Views keep, per key, the rows of the
+latest batch: episodes by ``episode_id``, steps through their episode's latest batch, tasks by
+``task_id``, scores by (kind, episode_id, step_idx, task_id, model_id). Writing the same episode twice
+therefore never duplicates it; writing identical content again is skipped entirely.
+
+Schema version: ``SCHEMA_VERSION``; every file carries it in ``_schema``. See ``SCHEMAS`` for columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+
+_S, _I, _F, _B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+
+SCHEMAS: dict[str, pa.Schema] = {
+    "tasks": pa.schema([
+        ("task_id", _S), ("phase", _I), ("site", _S), ("sites", _S), ("intent", _S), ("start_url", _S),
+        ("eval_json", _S), ("origin", _S), ("parent_task_id", _S), ("family", _S), ("config_json", _S),
+    ]),
+    "episodes": pa.schema([
+        ("episode_id", _S), ("task_id", _S), ("phase", _I), ("policy_id", _S), ("purpose", _S), ("status", _S),
+        ("final_answer", _S), ("env_score", _F), ("orm_score", _F), ("success", _B), ("n_steps", _I),
+        ("started_at", _F), ("wall_s", _F), ("policy_s", _F), ("env_s", _F), ("error", _S), ("intent", _S),
+        ("site", _S), ("seed", _I),
+    ]),
+    "steps": pa.schema([
+        ("episode_id", _S), ("idx", _I), ("phase", _I), ("prompt", _S), ("html", _S), ("response", _S),
+        ("action", _S), ("url", _S), ("reward", _F), ("done", _B), ("mc_return", _F), ("policy_s", _F),
+        ("action_s", _F), ("obs_s", _F), ("error", _S),
+    ]),
+    "scores": pa.schema([
+        ("kind", _S), ("episode_id", _S), ("step_idx", _I), ("task_id", _S), ("phase", _I), ("value", _F),
+        ("model_id", _S), ("note", _S),
+    ]),
+}
+# What each column means (printed by `webrl store schema`).
+COLUMN_DOCS = {
+    "tasks": "task_id, phase that created it, first site, sites (JSON list), intent, start_url (placeholders), eval spec "
+             "JSON, origin seed|generated|test|train, parent task id (generation), family (embedded), full config JSON",
+    "episodes": "episode id, task id, phase, policy/model id, purpose rollout|eval|oracle|bootstrap, status "
+                "done|early_stop|max_steps|error, final answer, env score, ORM score, success, step count, timings, error",
+    "steps": "episode id, step index, prompt given to the policy, observation html before the action, raw response, "
+             "parsed action JSON, url, reward, done, mc_return, timings (policy/action/observation), error",
+    "scores": "kind (critic_v, critic_p1, ppl_inv, replay_selected, orm_p_yes, ...), episode id, step index (-1: "
+              "per episode/task), task id, phase, value, model id, note",
+}
+_KEYS = {"tasks": ["task_id"], "episodes": ["episode_id"], "scores": ["kind", "episode_id", "step_idx", "task_id", "model_id"]}
+_EXTRA = [pa.field("_batch", _S), pa.field("_schema", _I)]
+
+
+class StoreError(ValueError):
+    pass
+
+
+def _batch_id() -> str:
+    # time-sortable, unique across processes: <ns since epoch, 20 digits>-<random>
+    return f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+
+
+def _to_table(name: str, rows: list[dict], batch: str) -> pa.Table:
+    schema = SCHEMAS[name]
+    cols: dict[str, list] = {f.name: [] for f in schema}
+    for i, r in enumerate(rows):
+        unknown = set(r) - set(cols) - {"steps"}
+        if unknown:
+            raise StoreError(f"{name} row {i}: unknown field(s) {sorted(unknown)}; allowed: {schema.names}")
+        for f in schema:
+            v = r.get(f.name)
+            if v is not None and f.type == _S and not isinstance(v, str):
+                v = json.dumps(v, sort_keys=True, default=str)
+            cols[f.name].append(v)
+    try:
+        arrays = [pa.array(cols[f.name], type=f.type) for f in schema]
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        raise StoreError(f"{name}: a value does not fit the schema: {e}") from None
+    n = len(rows)
+    arrays += [pa.array([batch] * n, type=_S), pa.array([SCHEMA_VERSION] * n, type=_I)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(list(schema) + _EXTRA))
+
+
+class TrajectoryStore:
+    """Tasks, episodes, steps and scores of one run (see module docstring)."""
+
+    def __init__(self, run_dir: str | Path):
+        self.root = Path(run_dir) / "store"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._digests: dict[str, str] | None = None
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, name: str, rows: list[dict], batch: str) -> int:
+        if not rows:
+            return 0
+        by_phase: dict[int, list[dict]] = {}
+        for r in rows:
+            if r.get("phase") is None:
+                raise StoreError(f"{name} row {r.get('episode_id') or r.get('task_id')}: field 'phase' is required")
+            by_phase.setdefault(int(r["phase"]), []).append(r)
+        for phase, prs in by_phase.items():
+            folder = self.root / name / f"phase={phase}"
+            folder.mkdir(parents=True, exist_ok=True)
+            table = _to_table(name, prs, batch)
+            final = folder / f"{batch}.parquet"
+            tmp = folder / f"{batch}.parquet.tmp"
+            pq.write_table(table, tmp, compression="zstd")
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)
+        return len(rows)
+
+    def write_tasks(self, rows: Iterable[dict]) -> int:
+        return self._write("tasks", [dict(r) for r in rows], _batch_id())
+
+    def write_scores(self, rows: Iterable[dict]) -> int:
+        rows = [{"step_idx": -1, "episode_id": None, "task_id": None, "model_id": "", **r} for r in rows]
+        return self._write("scores", rows, _batch_id())
+
+    @staticmethod
+    def _digest(episode: dict, steps: list[dict]) -> str:
+        ep = {k: v for k, v in episode.items() if k not in ("steps",)}
+        return hashlib.sha256(json.dumps([ep, steps], sort_keys=True, default=str).encode()).hexdigest()
+
+    def write_episode(self, episode: dict, steps: list[dict] | None = None) -> bool:
+        """Atomically write one episode and its steps; returns False when identical content is already stored."""
+        return self.write_episodes([(episode, steps if steps is not None else episode.get("steps", []))]) > 0
+
+    def write_episodes(self, items: Iterable[tuple[dict, list[dict]]]) -> int:
+        """Write several episodes in one batch (steps first, then episode rows). Returns the number written."""
+        items = list(items)
+        with self._lock:
+            if self._digests is None:
+                self._digests = self._load_digests()
+            fresh = []
+            for ep, steps in items:
+                if not ep.get("episode_id"):
+                    raise StoreError("episode without 'episode_id'")
+                d = self._digest(ep, steps)
+                if self._digests.get(ep["episode_id"]) == d:
+                    continue
+                fresh.append((ep, steps, d))
+            if not fresh:
+                return 0
+            batch = _batch_id()
+            step_rows = []
+            for ep, steps, _ in fresh:
+                for i, s in enumerate(steps):
+                    row = {"idx": i, **s, "episode_id": ep["episode_id"], "phase": ep["phase"]}
+                    step_rows.append(row)
+            self._write("steps", step_rows, batch)
+            ep_rows = [{k: v for k, v in ep.items() if k != "steps"} | {"n_steps": ep.get("n_steps", len(steps))}
+                       for ep, steps, _ in fresh]
+            self._write("episodes", ep_rows, batch)
+            digest_rows = [{"kind": "_digest", "episode_id": ep["episode_id"], "phase": ep["phase"], "note": d}
+                           for ep, _, d in fresh]
+            self._write("scores", [{"step_idx": -1, "task_id": None, "model_id": "", **r} for r in digest_rows], batch)
+            for ep, _, d in fresh:
+                self._digests[ep["episode_id"]] = d
+            return len(fresh)
+
+    def _load_digests(self) -> dict[str, str]:
+        if not self._has("scores"):
+            return {}
+        con = duckdb.connect()
+        try:
+            rows = con.execute(f"""SELECT episode_id, note FROM {self._source('scores')} WHERE kind = '_digest'
+                                   QUALIFY row_number() OVER (PARTITION BY episode_id ORDER BY _batch DESC) = 1""").fetchall()
+        finally:
+            con.close()
+        return {e: n for e, n in rows}
+
+    def update_episodes(self, updates: list[dict]) -> int:
+        """Rewrite episode rows with some fields changed (e.g. orm_score/success after ORM labelling).
+
+        The steps stay where they are: the new row's batch is ``<steps batch>-u<new id>``, which sorts after
+        the original, and the steps view reads the part before ``-u`` to find the steps."""
+        if not updates:
+            return 0
+        ids = [u["episode_id"] for u in updates]
+        cur = {r["episode_id"]: r for r in self.sql(
+            "SELECT * FROM episodes WHERE episode_id IN (SELECT unnest($ids))", {"ids": ids})}
+        missing = sorted(set(ids) - set(cur))
+        if missing:
+            raise StoreError(f"update_episodes: unknown episode_id(s) {missing[:5]}")
+        by_batch: dict[str, list[dict]] = {}
+        for u in updates:
+            row = {k: v for k, v in cur[u["episode_id"]].items() if not k.startswith("_")} | u
+            by_batch.setdefault(cur[u["episode_id"]]["_batch"].split("-u")[0], []).append(row)
+        for batch, rows in by_batch.items():
+            self._write("episodes", rows, batch + "-u" + _batch_id())
+        self._digests = None
+        return len(updates)
+
+    # ------------------------------------------------------------------ reading
+    def _has(self, name: str) -> bool:
+        return any((self.root / name).glob("phase=*/*.parquet"))
+
+    def _source(self, name: str) -> str:
+        if self._has(name):
+            glob = (self.root / name / "phase=*" / "*.parquet").as_posix()
+            return f"read_parquet('{glob}', hive_partitioning=false, union_by_name=true)"
+        cols = ", ".join(f"NULL::{_duck(f.type)} AS {f.name}" for f in list(SCHEMAS[name]) + _EXTRA)
+        return f"(SELECT {cols} WHERE false)"
+
+    def view_sql(self) -> dict[str, str]:
+        """SQL of the four deduplicated views (latest batch per key)."""
+        t, e, s, sc = (self._source(n) for n in ("tasks", "episodes", "steps", "scores"))
+        # episodes: latest row per episode_id; updates carry "<batch>-u<new>" so they sort after the original.
+        # The batch of the steps is the prefix before "-u".
+        return {
+            "tasks": f"SELECT * EXCLUDE (_schema) FROM {t} QUALIFY row_number() OVER "
+                     f"(PARTITION BY task_id ORDER BY _batch DESC) = 1",
+            "episodes": f"SELECT * EXCLUDE (_schema) FROM {e} QUALIFY row_number() OVER "
+                        f"(PARTITION BY episode_id ORDER BY _batch DESC) = 1",
+            "steps": f"SELECT s.* EXCLUDE (_schema) FROM {s} s SEMI JOIN (SELECT episode_id, "
+                     f"split_part(max(_batch), '-u', 1) AS b FROM {e} GROUP BY episode_id) le "
+                     f"ON s.episode_id = le.episode_id AND s._batch = le.b",
+            "scores": f"SELECT * EXCLUDE (_schema) FROM {sc} WHERE kind <> '_digest' QUALIFY row_number() OVER "
+                      f"(PARTITION BY kind, episode_id, step_idx, task_id, model_id ORDER BY _batch DESC) = 1",
+        }
+
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """An in-memory DuckDB connection with the views (re)defined over the current files."""
+        con = duckdb.connect()
+        for name, q in self.view_sql().items():
+            con.execute(f"CREATE OR REPLACE VIEW {name} AS {q}")
+        return con
+
+    def refresh_duckdb_file(self) -> Path:
+        """Write ``webrl.duckdb`` with the views, for people who open the store with the duckdb CLI."""
+        path = self.root / "webrl.duckdb"
+        try:
+            con = duckdb.connect(str(path))
+            for name, q in self.view_sql().items():
+                con.execute(f"CREATE OR REPLACE VIEW {name} AS {q}")
+            con.close()
+        except duckdb.IOException:  # another process holds it; the parquet files are the truth
+            pass
+        return path
+
+    def sql(self, query: str, params: dict | list | None = None) -> list[dict]:
+        con = self.connect()
+        try:
+            rel = con.execute(query, params) if params is not None else con.execute(query)
+            cols = [d[0] for d in rel.description] if rel.description else []
+            return [dict(zip(cols, row)) for row in rel.fetchall()]
+        finally:
+            con.close()
+
+    def arrow(self, query: str, params: dict | list | None = None) -> pa.Table:
+        con = self.connect()
+        try:
+            return con.sql(query, params=params).to_arrow_table()
+        finally:
+            con.close()
+
+    def cleanup_tmp(self) -> int:
+        n = 0
+        for p in self.root.glob("*/phase=*/*.parquet.tmp"):
+            p.unlink(missing_ok=True)
+            n += 1
+        return n
+
+    # ------------------------------------------------------------------ helpers the stages need
+    def episodes(self, phase: int | None = None, purpose: str | None = None) -> list[dict]:
+        q, p = "SELECT * FROM episodes WHERE 1=1", {}
+        if phase is not None:
+            q, p["phase"] = q + " AND phase = $phase", phase
+        if purpose is not None:
+            q, p["purpose"] = q + " AND purpose = $purpose", purpose
+        return self.sql(q + " ORDER BY episode_id", p)
+
+    def steps(self, phase: int | None = None, episode_ids: list[str] | None = None) -> list[dict]:
+        q, p = "SELECT * FROM steps WHERE 1=1", {}
+        if phase is not None:
+            q, p["phase"] = q + " AND phase = $phase", phase
+        if episode_ids is not None:
+            q, p["ids"] = q + " AND episode_id IN (SELECT unnest($ids))", list(episode_ids)
+        return self.sql(q + " ORDER BY episode_id, idx", p)
+
+    def tasks(self, phase: int | None = None, origin: str | None = None) -> list[dict]:
+        q, p = "SELECT * FROM tasks WHERE 1=1", {}
+        if phase is not None:
+            q, p["phase"] = q + " AND phase = $phase", phase
+        if origin is not None:
+            q, p["origin"] = q + " AND origin = $origin", origin
+        return self.sql(q + " ORDER BY task_id", p)
+
+    REPLAY_SQL = """
+        SELECT s.episode_id, s.idx, s.phase, s.prompt, s.response, e.intent, e.task_id
+        FROM steps s JOIN episodes e USING (episode_id)
+        WHERE e.success AND e.phase < $phase AND e.purpose IN ('rollout', 'bootstrap', 'oracle')
+        ORDER BY s.episode_id, s.idx
+    """
+
+    def successful_steps(self, before_phase: int) -> list[dict]:
+        """Steps of successful episodes of phases < before_phase (the replay candidates)."""
+        return self.sql(self.REPLAY_SQL, {"phase": before_phase})
+
+    def failed_intents(self, phase: int, purpose: str = "rollout") -> dict[str, list[dict]]:
+        """Failed tasks of a phase grouped by site: {site: [{task_id, intent}]} (seeds of the next generation)."""
+        rows = self.sql("""SELECT DISTINCT site, task_id, intent FROM episodes
+                           WHERE phase = $phase AND purpose = $purpose AND success = false
+                           ORDER BY site, task_id""", {"phase": phase, "purpose": purpose})
+        out: dict[str, list[dict]] = {}
+        for r in rows:
+            out.setdefault(r["site"], []).append({"task_id": r["task_id"], "intent": r["intent"]})
+        return out
+
+    def success_rate(self, phase: int | None = None, purpose: str = "eval") -> list[dict]:
+        """Per-site success rate per phase: [{phase, site, n, successes, rate}]."""
+        q = """SELECT phase, site, count(*) AS n, sum(CASE WHEN success THEN 1 ELSE 0 END) AS successes,
+                      avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS rate
+               FROM episodes WHERE purpose = $purpose AND status <> 'error'"""
+        p: dict[str, Any] = {"purpose": purpose}
+        if phase is not None:
+            q, p["phase"] = q + " AND phase = $phase", phase
+        return self.sql(q + " GROUP BY phase, site ORDER BY phase, site", p)
+
+    def error_episodes(self, phase: int | None = None) -> list[dict]:
+        q, p = "SELECT episode_id, task_id, phase, purpose, error FROM episodes WHERE status = 'error'", {}
+        if phase is not None:
+            q, p["phase"] = q + " AND phase = $phase", phase
+        return self.sql(q + " ORDER BY episode_id", p)
+
+    def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"root": str(self.root), "schema_version": SCHEMA_VERSION}
+        for name in SCHEMAS:
+            out[name] = self.sql(f"SELECT count(*) AS n FROM {name}")[0]["n"]
+        out["by_phase"] = self.sql("""SELECT phase, purpose, count(*) AS episodes, sum(n_steps) AS steps,
+                   avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
+                   sum(CASE WHEN status = 'error' THEN 1 ELSE 0 END) AS errors
+                   FROM episodes GROUP BY phase, purpose ORDER BY phase, purpose""")
+        return out
+
+
+def _duck(t: pa.DataType) -> str:
+    return {_S: "VARCHAR", _I: "BIGINT", _F: "DOUBLE", _B: "BOOLEAN"}[t]

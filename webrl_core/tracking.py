@@ -1,0 +1,98 @@
+"""MLflow tracking helpers: one MLflow run per flow run, nested runs for sub-flows.
+
+Where: ``MLFLOW_TRACKING_URI`` if set, else ``tracking.mlflow_uri`` from the config, else a SQLite store
+``<run_dir>/mlflow.db`` (MLflow 3.17 refuses the file store by default) with artifacts under
+``<run_dir>/mlartifacts`` (set at experiment creation, so they never land in the cwd).
+What: the resolved config flattened to params (``section.key``), metrics per phase/stage, artifacts
+(plots, viewer, tables); models are logged as artifact folders.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+
+def tracking_uri(run_dir: str | Path, configured: str | None = None) -> str:
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    if configured:
+        return configured
+    return f"sqlite:///{(Path(run_dir).resolve() / 'mlflow.db').as_posix()}"
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, (list, dict)) else v
+    return out
+
+
+def setup(run_dir: str | Path, experiment: str = "webrl", configured_uri: str | None = None) -> str:
+    """Point MLflow at the run's store and make sure the experiment exists with its artifact root in the run dir."""
+    import mlflow
+
+    uri = tracking_uri(run_dir, configured_uri)
+    mlflow.set_tracking_uri(uri)
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        art = (Path(run_dir).resolve() / "mlartifacts").as_uri() if uri.startswith("sqlite") else None
+        try:
+            client.create_experiment(experiment, artifact_location=art)
+        except Exception:  # created concurrently by another process
+            pass
+    mlflow.set_experiment(experiment)
+    return uri
+
+
+@contextlib.contextmanager
+def start_run(run_dir: str | Path, name: str, *, experiment: str = "webrl", config: dict | None = None,
+              tags: dict | None = None, configured_uri: str | None = None,
+              nested: bool | None = None, run_id: str | None = None) -> Iterator[Any]:
+    """Open an MLflow run (nested automatically if one is active) and log the flattened config as params."""
+    import mlflow
+
+    setup(run_dir, experiment, configured_uri)
+    if nested is None:
+        nested = mlflow.active_run() is not None
+    with mlflow.start_run(run_name=name, nested=nested, run_id=run_id, tags=tags) as run:
+        if config and run_id is None:
+            params = flatten(config)
+            items = list(params.items())
+            for i in range(0, len(items), 100):  # MLflow caps params per batch
+                mlflow.log_params({k: ("" if v is None else str(v)[:6000]) for k, v in items[i:i + 100]})
+        yield run
+
+
+def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
+    import mlflow
+
+    clean = {k.replace(" ", "_"): float(v) for k, v in metrics.items() if v is not None}
+    if clean:
+        mlflow.log_metrics(clean, step=step)
+
+
+def log_artifact(path: str | Path, artifact_path: str | None = None) -> None:
+    import mlflow
+
+    p = Path(path)
+    if p.is_dir():
+        mlflow.log_artifacts(str(p), artifact_path=artifact_path)
+    elif p.exists():
+        mlflow.log_artifact(str(p), artifact_path=artifact_path)
+
+
+def log_dict(obj: Any, name: str) -> None:
+    import mlflow
+
+    mlflow.log_dict(obj, name)

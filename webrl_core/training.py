@@ -1,0 +1,466 @@
+"""WebRL training: the critic, the KL-constrained actor update, and the bootstrap SFT (webrl_spec.md §2).
+
+Actor loss per kept sample i, with logp_i = sum over the action tokens of log pi_theta, ref_logp_i the same under
+pi_ref (the actor at the start of the phase), n_i the action token count (the action + the stop token):
+
+``loss="official"`` (repo ``WebRLTrainer.actor_loss``; A binarised, beta adaptive, advantage.py)::
+
+    c_i         = n_i ("sample", the repo at its batch size 1) or sum_j n_j mask_j ("batch", the repo's formula
+                  for batch > 1); max(c, 1)
+    log_ratio_i = (logp_i - ref_logp_i) / c_i                           per-token mean log-ratio
+    beta_i      = min(beta_i^0, |A_i / log_ratio_i|)  (detached)         beta_i^0 in {1, 5} from ref_prob
+    L           = mean_i  Huber_delta=1(beta_i * log_ratio_i, A_i) / beta_i * mask_i
+
+  mask_i = A_i > 0. Masked-out samples contribute exactly 0 to the loss and its gradient, so they are DROPPED
+  before the epoch instead of being run forward/backward (the repo runs them); the mean is over the kept samples.
+
+``loss="paper"`` (Eq. 6, A from Eq. 9, fixed beta)::
+
+    log_ratio_i = logp_i - ref_logp_i        ("sum": the sequence log-ratio log pi(a|s)/pi_ref(a|s), the paper's)
+                  (logp_i - ref_logp_i)/n_i  ("mean": per token)
+    L           = mean_i (beta * log_ratio_i - A_i)^2                   all samples, negative A included
+
+``kl=False`` (paper Fig. 5 ablation): plain token-mean NLL of the actions on the samples the KL loss would push up
+(A > 0), no reference.
+
+Precompute (once per phase, batched, no grad, BEFORE the actor epoch): the critic's V for every DISTINCT prompt
+among observations and next observations (V(s_{t+1}) of step t is V(s) of step t+1), then the critic is freed; the
+reference log-probs come from the freshly loaded actor itself before its first update (it IS pi_ref), so no second
+model is ever in memory. The results are dataset columns (ref_logp, n_action, adv, mask, beta0).
+
+Scaling out: the same code runs under ``accelerate launch`` (DDP, or DeepSpeed ZeRO via an accelerate config)::
+
+    accelerate launch --num_processes 8 -m webrl_cli.main train ...        # or any script calling train_actor
+    accelerate launch --config_file zero3.yaml ...                          # ZeRO-3 when the model does not fit
+
+The precompute is split across the processes and gathered (``accelerate.PartialState``); the trainers are
+``transformers.Trainer`` subclasses, so data sharding, gradient sync and clipping come from Trainer/accelerate.
+Defaults follow the paper (constant LR, 1 epoch, grad clip 1.0, AdamW weight decay 0.01); only the LR of the tiny
+embedded model is larger (``ActorTrainConfig.lr``) because 1e-6 does not move a 1-10M-parameter model in one epoch.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer, TrainingArguments
+
+from webrl_core import advantage as adv_mod
+from webrl_core.critic import Critic, critic_examples, critic_loss
+from webrl_core.models import (encode_prompt_action, left_pad, load_causal_lm, load_tokenizer, resolve_device,
+                               save_model)
+
+
+# ---------------------------------------------------------------------------------------------
+# configs
+
+@dataclass
+class WebRLConfig(TrainingArguments):
+    """TrainingArguments + the WebRL loss settings (see the module docstring)."""
+
+    loss: str = field(default="official", metadata={"help": "'official' (repo Huber rule) or 'paper' (Eq. 6)"})
+    kl: bool = field(default=True, metadata={"help": "False: plain SFT on the positive samples (ablation)"})
+    beta: float = field(default=1.0, metadata={"help": "fixed beta for loss=paper"})
+    beta_high: float = field(default=5.0, metadata={"help": "official adaptive beta for confident references"})
+    lam: float = field(default=0.5, metadata={"help": "paper Eq. 9 lambda"})
+    gamma: float = field(default=0.9, metadata={"help": "MC-return discount"})
+    margin: float = field(default=0.05, metadata={"help": "official advantage margin"})
+    paper_logratio: str = field(default="sum", metadata={"help": "'sum' (sequence) or 'mean' (per token)"})
+    count_norm: str = field(default="sample", metadata={"help": "official log-ratio divisor: 'sample' or 'batch'"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.loss not in ("official", "paper"):
+            raise ValueError(f"WebRLConfig.loss={self.loss!r}; allowed: 'official', 'paper'")
+        if self.paper_logratio not in ("sum", "mean"):
+            raise ValueError(f"WebRLConfig.paper_logratio={self.paper_logratio!r}; allowed: 'sum', 'mean'")
+        if self.count_norm not in ("sample", "batch"):
+            raise ValueError(f"WebRLConfig.count_norm={self.count_norm!r}; allowed: 'sample', 'batch'")
+
+
+def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_size: int, grad_accum: int,
+                  max_grad_norm: float, max_steps: int | None, scheduler: str = "constant", warmup: float = 0,
+                  **extra):
+    use_cpu = resolve_device(settings.models.device).type == "cpu"
+    return cls(output_dir=str(out_dir / "trainer"), per_device_train_batch_size=batch_size,
+               gradient_accumulation_steps=grad_accum, learning_rate=lr, num_train_epochs=epochs,
+               max_steps=max_steps if max_steps else -1, lr_scheduler_type=scheduler, warmup_steps=warmup,
+               weight_decay=0.01, max_grad_norm=max_grad_norm, logging_steps=10, save_strategy="no",
+               report_to="none", remove_unused_columns=False, use_cpu=use_cpu, seed=settings.run.seed,
+               data_seed=settings.run.seed, disable_tqdm=False, dataloader_num_workers=0, **extra)
+
+
+def webrl_config(settings, out_dir: str | Path, max_steps: int | None = None) -> WebRLConfig:
+    """WebRLConfig from the ``actor`` section of the settings."""
+    a = settings.actor
+    return _trainer_args(WebRLConfig, Path(out_dir), settings, a.lr, a.epochs, a.batch_size, a.grad_accum,
+                         a.max_grad_norm, max_steps, loss=a.loss, kl=a.kl, beta=a.beta, beta_high=a.beta_high,
+                         lam=a.lam, gamma=a.gamma, margin=a.margin, paper_logratio=a.paper_logratio,
+                         count_norm=a.count_norm)
+
+
+# ---------------------------------------------------------------------------------------------
+# log-probs of actions (left padded: every sequence ends at the last column)
+
+def action_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    n_action: torch.Tensor) -> torch.Tensor:
+    """Sum over the last n_action tokens of each left-padded row of log pi(token | prefix).
+
+    Only the last max(n_action)+1 positions go through the LM head (``logits_to_keep``), so no [B, T, vocab]
+    tensor is built for long prompts."""
+    k = int(n_action.max())
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
+                logits_to_keep=k + 1)
+    logits = out.logits[:, :-1].float()                      # position j predicts token j+1
+    targets = input_ids[:, -k:]
+    tok_logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    keep = torch.arange(k, device=input_ids.device).unsqueeze(0) >= (k - n_action.to(input_ids.device)).unsqueeze(1)
+    return (tok_logp * keep).sum(-1)
+
+
+def encode_samples(tok, samples: list[dict], max_length: int) -> list[dict]:
+    """Token ids of prompt + action + stop per sample (``models.encode_prompt_action``) and the action length."""
+    rows = []
+    for i, s in enumerate(samples):
+        for key in ("observation", "action"):
+            if not isinstance(s.get(key), str):
+                raise ValueError(f"actor sample {i}: field {key!r} must be a string, got {type(s.get(key)).__name__}")
+        enc = encode_prompt_action(tok, s["observation"], s["action"], max_length)
+        rows.append({"input_ids": enc["input_ids"], "n_action": int(sum(enc["action_mask"]))})
+    return rows
+
+
+@torch.no_grad()
+def sequence_logprobs(model, rows: list[dict], pad_id: int, batch_size: int = 8,
+                      progress: bool = False) -> torch.Tensor:
+    """Sum of action-token log-probs for encoded rows, batched by length, in eval mode without grad."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out = torch.zeros(len(rows), dtype=torch.float32)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    if progress:
+        from tqdm.auto import tqdm
+        batches = tqdm(batches, desc="reference log-probs", unit="batch")
+    for idx in batches:
+        ids, mask = left_pad([rows[i]["input_ids"] for i in idx], pad_id)
+        n = torch.tensor([rows[i]["n_action"] for i in idx])
+        out[idx] = action_logprobs(model, ids.to(device), mask.to(device), n).float().cpu()
+    model.train(was_training)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the loss
+
+def webrl_actor_loss(logp: torch.Tensor, ref_logp: torch.Tensor, n_tokens: torch.Tensor, adv: torch.Tensor,
+                     mask: torch.Tensor, beta0: torch.Tensor, loss: str = "official", kl: bool = True,
+                     paper_logratio: str = "sum", count_norm: str = "sample") -> tuple[torch.Tensor, dict]:
+    """The actor loss of one micro-batch (module docstring); returns (loss, detached stats)."""
+    n_tokens, adv, mask = n_tokens.to(logp), adv.to(logp), mask.to(logp)
+    ref_logp, beta0 = ref_logp.to(logp), beta0.to(logp)
+    diff = logp - ref_logp
+    if not kl:
+        nll = -(logp * mask).sum() / (n_tokens * mask).sum().clamp(min=1.0)
+        return nll, {"log_ratio": (diff / n_tokens.clamp(min=1)).mean().item()}
+    if loss == "paper":
+        log_ratio = diff if paper_logratio == "sum" else diff / n_tokens.clamp(min=1.0)
+        value = ((beta0 * log_ratio - adv) ** 2).mean()
+        return value, {"log_ratio": log_ratio.detach().mean().item()}
+    if count_norm == "batch":
+        count = (n_tokens * mask).sum().clamp(min=1.0).expand_as(n_tokens)
+    else:
+        count = (n_tokens * mask).clamp(min=1.0)
+    log_ratio = diff / count
+    beta = adv_mod.cap_beta(beta0, adv, log_ratio)
+    per_sample = F.smooth_l1_loss(beta * log_ratio, adv, reduction="none", beta=1.0) / beta * mask
+    return per_sample.mean(), {"log_ratio": log_ratio.detach().mean().item(), "beta": beta.mean().item()}
+
+
+class ActorCollator:
+    """Left-pads input_ids; carries the precomputed per-sample columns as float tensors."""
+
+    columns = ("ref_logp", "adv", "mask", "beta0")
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        ids, mask = left_pad([f["input_ids"] for f in features], self.pad_id)
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "n_action": torch.tensor([f["n_action"] for f in features], dtype=torch.long)}
+        for c in self.columns:
+            batch[c] = torch.tensor([float(f[c]) for f in features], dtype=torch.float32)
+        return batch
+
+
+class WebRLTrainer(Trainer):
+    """transformers.Trainer whose ``compute_loss`` is the WebRL actor loss on precomputed reference columns."""
+
+    args: WebRLConfig
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.loss_is_scaled_for_ga = False  # our loss is a per-micro-batch mean: let Trainer divide by GA steps
+        self._stats: dict[str, list[float]] = {}
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        logp = action_logprobs(model, inputs["input_ids"], inputs["attention_mask"], inputs["n_action"])
+        a = self.args
+        loss, stats = webrl_actor_loss(logp, inputs["ref_logp"], inputs["n_action"].float(), inputs["adv"],
+                                       inputs["mask"], inputs["beta0"], loss=a.loss, kl=a.kl,
+                                       paper_logratio=a.paper_logratio, count_norm=a.count_norm)
+        for k, v in stats.items():
+            self._stats.setdefault(k, []).append(v)
+        return (loss, {"logp": logp}) if return_outputs else loss
+
+    def log(self, logs: dict, *args, **kwargs):
+        for k, v in self._stats.items():
+            if v:
+                logs[k] = sum(v) / len(v)
+        self._stats = {}
+        super().log(logs, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# precompute (sharded over processes under accelerate launch)
+
+def _dist_map(fn, items: list, state=None) -> list:
+    """fn(list) -> list, split across accelerate processes and gathered in the original order."""
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    state = state or PartialState()
+    if state.num_processes == 1:
+        return fn(items)
+    indexed = list(enumerate(items))
+    with state.split_between_processes(indexed) as mine:
+        part = list(zip([i for i, _ in mine], fn([x for _, x in mine])))
+    merged = dict(gather_object(part))
+    return [merged[i] for i in range(len(items))]
+
+
+def _process_device(settings) -> str:
+    from accelerate import PartialState
+
+    state = PartialState()
+    return str(state.device) if state.num_processes > 1 else settings.models.device
+
+
+def critic_values_for(samples: list[dict], critic_dir: str | Path, settings, progress: bool = True
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(V(s), V(s')) for every sample, running the critic once per distinct prompt; the critic is freed after."""
+    prompts = sorted({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
+    critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
+                         max_length=settings.models.max_length)
+
+    def run(ps):
+        return critic.values(ps, batch_size=settings.critic.batch_size, progress=progress)[0].tolist()
+
+    v_of = dict(zip(prompts, _dist_map(run, prompts)))
+    del critic
+    v = torch.tensor([v_of[s["observation"]] for s in samples])
+    nv = torch.tensor([v_of[s["next_observation"]] for s in samples])
+    return v, nv
+
+
+def compute_advantages(samples: list[dict], v: torch.Tensor, nv: torch.Tensor, cfg: WebRLConfig
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, mask) for every sample in the configured loss mode (mask = which samples train)."""
+    reward = torch.tensor([float(s["reward"]) for s in samples])
+    if cfg.loss == "official":
+        mc = torch.tensor([float(s["mc_return"]) for s in samples])
+        return adv_mod.official_advantage(v, nv, reward, mc, cfg.margin)
+    done = torch.tensor([float(bool(s["done"])) for s in samples])
+    a = adv_mod.paper_advantage(v, nv, reward, done, cfg.lam)
+    mask = torch.ones_like(a) if cfg.kl else (a > 0).float()
+    return a, mask
+
+
+def _check_samples(samples: list[dict]) -> None:
+    need = ("observation", "next_observation", "action", "reward", "done", "mc_return")
+    for i, s in enumerate(samples):
+        miss = [k for k in need if k not in s or s[k] is None]
+        if miss:
+            raise ValueError(f"actor sample {i} (episode {s.get('episode_id')!r}): missing field(s) {miss}")
+
+
+# ---------------------------------------------------------------------------------------------
+# entry points
+
+def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path, settings,
+                critic_dir: str | Path | None = None, max_steps: int | None = None, progress: bool = True) -> dict:
+    """One actor epoch of WebRL on step samples (transitions.py); saves an HF folder at ``out_dir``.
+
+    ``critic_dir`` is required for the KL losses; with ``actor.kl=False`` and no critic, the successful
+    trajectories' steps are used (filtered BC). Returns timings and statistics."""
+    _check_samples(samples)
+    out_dir = Path(out_dir)
+    cfg = webrl_config(settings, out_dir, max_steps)
+    t0 = time.perf_counter()
+    if critic_dir is not None:
+        v, nv = critic_values_for(samples, critic_dir, settings, progress)
+        adv, mask = compute_advantages(samples, v, nv, cfg)
+    elif not cfg.kl:
+        v = nv = torch.zeros(len(samples))
+        adv = torch.tensor([1.0 if float(s["trajectory_reward"] if "trajectory_reward" in s else s["reward"]) >= 0.5
+                            else -0.6 for s in samples])
+        mask = (adv > 0).float()
+    else:
+        raise ValueError("train_actor: critic_dir is required for the KL-constrained loss (actor.kl=True)")
+    t_critic = time.perf_counter() - t0
+
+    tok = load_tokenizer(actor_dir)
+    models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
+    model = load_causal_lm(actor_dir, models_cfg, trainable=True)
+    keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
+    rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
+    t1 = time.perf_counter()
+    ref_logp = torch.tensor(_dist_map(lambda r: sequence_logprobs(model, r, tok.pad_token_id,
+                                                                  settings.actor.batch_size, progress).tolist(),
+                                      rows)) if rows else torch.zeros(0)
+    t_ref = time.perf_counter() - t1
+    n_tok = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
+    adv_k, mask_k = adv[keep], mask[keep]
+    ref_prob = adv_mod.reference_prob(ref_logp, n_tok)
+    if cfg.loss == "official":
+        beta0 = adv_mod.official_beta(adv_k, ref_prob, 1.0, cfg.beta_high)
+    else:
+        beta0 = torch.full_like(adv_k, cfg.beta)
+    for j, r in enumerate(rows):
+        r.update(ref_logp=float(ref_logp[j]), adv=float(adv_k[j]), mask=float(mask_k[j]), beta0=float(beta0[j]))
+
+    stats = {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
+             "critic_s": round(t_critic, 3), "ref_s": round(t_ref, 3),
+             "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": float(ref_prob.mean()) if len(rows) else 0.0,
+             "loss_mode": cfg.loss if cfg.kl else "sft"}
+    if not rows:
+        save_model(model, tok, out_dir)
+        return stats | {"train_s": 0.0, "train_loss": None, "tokens": 0}
+    from datasets import Dataset
+
+    trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
+                           data_collator=ActorCollator(tok.pad_token_id))
+    t2 = time.perf_counter()
+    result = trainer.train()
+    t_train = time.perf_counter() - t2
+    if trainer.is_world_process_zero():
+        save_model(trainer.model, tok, out_dir)
+    n_tokens = sum(len(r["input_ids"]) for r in rows) * cfg.num_train_epochs
+    return stats | {"train_s": round(t_train, 3), "train_loss": result.training_loss,
+                    "tokens": int(n_tokens), "steps": result.global_step}
+
+
+class CriticTrainer(Trainer):
+    """transformers.Trainer for the double-head critic: weighted CE on distinct prompts (critic.py)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.loss_is_scaled_for_ga = False
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        l1, l2 = model(inputs["input_ids"], inputs["attention_mask"])
+        loss = critic_loss(l1, l2, inputs["labels"], inputs["weight"])
+        return (loss, (l1, l2)) if return_outputs else loss
+
+    def _save(self, output_dir=None, state_dict=None):  # Trainer checkpoints: our folder format
+        self.accelerator.unwrap_model(self.model).save(output_dir or self.args.output_dir)
+
+
+class CriticCollator:
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        ids, mask = left_pad([f["input_ids"] for f in features], self.pad_id)
+        return {"input_ids": ids, "attention_mask": mask,
+                "labels": torch.tensor([f["label"] for f in features], dtype=torch.long),
+                "weight": torch.tensor([f["weight"] for f in features], dtype=torch.float32)}
+
+
+def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | Path, settings,
+                 resume: str | Path | None = None, max_steps: int | None = None) -> dict:
+    """One critic epoch (official: before the actor, on the same samples); saves a critic folder at ``out_dir``.
+
+    ``resume``: the previous phase's critic folder (backbone and heads); otherwise a fresh critic on the
+    backbone of ``backbone_dir`` (the SFT model)."""
+    for i, s in enumerate(samples):
+        miss = [k for k in ("observation", "next_observation", "mc_return") if s.get(k) is None]
+        if miss:
+            raise ValueError(f"critic sample {i}: missing field(s) {miss}")
+    out_dir = Path(out_dir)
+    c = settings.critic
+    device = _process_device(settings)
+    if resume:
+        critic = Critic.load(resume, dtype=settings.models.dtype, device=device, max_length=settings.models.max_length)
+    else:
+        critic = Critic.from_backbone(backbone_dir, c.head_init_std, settings.models.max_length,
+                                      settings.models.dtype, device, seed=settings.run.seed)
+    if settings.models.gradient_checkpointing:
+        critic.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    critic.train()
+    examples = critic_examples(samples)
+    ids = critic.encode([e["prompt"] for e in examples])
+    rows = [{"input_ids": x, "label": e["label"], "weight": e["weight"]} for x, e in zip(ids, examples)]
+    from datasets import Dataset
+
+    args = _trainer_args(TrainingArguments, out_dir, settings, c.lr, c.epochs, c.batch_size, c.grad_accum,
+                         c.max_grad_norm, max_steps)
+    trainer = CriticTrainer(model=critic, args=args, train_dataset=Dataset.from_list(rows),
+                            data_collator=CriticCollator(critic.tokenizer.pad_token_id))
+    t0 = time.perf_counter()
+    result = trainer.train()
+    train_s = time.perf_counter() - t0
+    if trainer.is_world_process_zero():
+        critic.save(out_dir)
+    labels = [e["label"] for e in examples]
+    return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
+            "train_s": round(train_s, 3), "train_loss": result.training_loss, "steps": result.global_step}
+
+
+def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str | Path, settings,
+              max_steps: int | None = None) -> dict:
+    """Bootstrap SFT of the actor on (prompt, action) pairs with TRL's SFTTrainer, completion-only loss.
+
+    The prompt-completion examples are tokenised by ``models.encode_prompt_action`` (prompt ids + action ids +
+    stop, observation cut first) and given to SFTTrainer as ``input_ids`` + ``completion_mask``, so the loss
+    covers exactly the action and its stop token."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    if not pairs:
+        raise ValueError("sft_train: no (prompt, action) pairs")
+    a = settings.actor
+    tok = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir, settings.models.model_copy(update={"device": _process_device(settings)}),
+                           trainable=True)
+    rows = []
+    for i, pair in enumerate(pairs):
+        if len(pair) != 2 or not all(isinstance(x, str) for x in pair):
+            raise ValueError(f"sft_train: pair {i} must be (prompt: str, action: str), got {pair!r:.120}")
+        enc = encode_prompt_action(tok, pair[0], pair[1], settings.models.max_length)
+        rows.append({"input_ids": enc["input_ids"], "completion_mask": enc["action_mask"]})
+    out_dir = Path(out_dir)
+    args = _trainer_args(SFTConfig, out_dir, settings, a.sft_lr, a.sft_epochs, a.batch_size, a.grad_accum,
+                         a.max_grad_norm, max_steps, scheduler="cosine", warmup=0.1,  # the paper's SFT recipe
+                         completion_only_loss=True, max_length=settings.models.max_length,
+                         gradient_checkpointing=settings.models.gradient_checkpointing)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    t0 = time.perf_counter()
+    result = trainer.train()
+    train_s = time.perf_counter() - t0
+    if trainer.is_world_process_zero():
+        save_model(trainer.model, tok, out_dir)
+    return {"n_pairs": len(pairs), "train_s": round(train_s, 3), "train_loss": result.training_loss,
+            "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * a.sft_epochs)}
+
+
+__all__ = ["WebRLConfig", "WebRLTrainer", "CriticTrainer", "webrl_actor_loss", "action_logprobs",
+           "sequence_logprobs", "encode_samples", "compute_advantages", "critic_values_for", "train_actor",
+           "train_critic", "sft_train", "webrl_config"]

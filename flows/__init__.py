@@ -1,0 +1,1 @@
+"""Prefect flows: webrl-bootstrap, webrl-phase, webrl-train, webrl-eval."""

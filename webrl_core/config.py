@@ -97,6 +97,8 @@ class EnvConfig(Section):
     screenshots: bool = Field(False, description="save a PNG screenshot per step for the viewer")
     episode_retries: int = Field(1, ge=0, description="retries of an episode whose browser crashed before marking it error")
     block_other_hosts: bool = Field(True, description="block navigation outside the task's sites and record it")
+    viewport_only: bool = Field(True, description="observe only elements inside the viewport (VAB: current_viewport_only)")
+    batch_wait_s: float = Field(0.25, ge=0, description="longest a waiting env holds for busy ones before the policy is called")
 
 
 class PromptConfig(Section):
@@ -217,6 +219,19 @@ class CurriculumConfig(Section):
     review_default: Literal["approve", "drop"] = Field("approve", description="decision when the review times out")
 
 
+class BootstrapConfig(Section):
+    demo_tasks: int = Field(400, ge=1, description="training tasks the oracle demonstrates (embedded SFT data)")
+    rollout_tasks: int = Field(120, ge=1, description="training tasks the SFT actor rolls out (ORM data, first failures)")
+    random_tasks: int = Field(40, ge=0, description="training tasks a random policy rolls out (ORM negatives)")
+    sft_actor: str | None = Field(None, description="existing SFT actor HF folder (real models): skips oracle SFT")
+    n_shards: int = Field(2, ge=1, description="rollout shards mapped as separate Prefect tasks")
+
+    @field_validator("sft_actor")
+    @classmethod
+    def _exists(cls, v: str | None) -> str | None:
+        return _existing_path(v, "bootstrap.sft_actor")
+
+
 class EvalConfig(Section):
     test_set: str = Field("embedded", description="'embedded' (held-out test set) or a WebArena-Lite raw JSON path")
     max_tasks: int | None = Field(None, ge=1, description="evaluate only the first N test tasks (smoke runs)")
@@ -243,6 +258,7 @@ class WebRLSettings(Section):
     replay: ReplayConfig = Field(default_factory=ReplayConfig, description="perplexity replay selection")
     actor: ActorTrainConfig = Field(default_factory=ActorTrainConfig, description="KL-constrained actor update")
     curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="self-evolving task generation")
+    bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="phase 0: demos, SFT, ORM data")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="test-set evaluation")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking")
 

@@ -175,3 +175,17 @@ def evaluate_orm(scorer: OrmScorer, examples: Sequence[dict]) -> dict:
     tn = len(truth) - tp - fp - fn
     return {"n": len(truth), "tp": tp, "fp": fp, "fn": fn, "tn": tn, "accuracy": (tp + tn) / len(truth),
             "precision": tp / (tp + fp) if tp + fp else 0.0, "recall": tp / (tp + fn) if tp + fn else 0.0}
+
+
+@torch.no_grad()
+def official_orm_p_yes(model, tok, prompts: Sequence[str], max_length: int) -> list[float]:
+    """Reference for the benchmark: the official method, one prompt at a time, no extra special tokens, the first
+    ``max_length`` tokens kept, logits for the whole sequence, P(YES) from the last position."""
+    yes_id, no_id = answer_token_ids(tok)
+    device = next(model.parameters()).device
+    out = []
+    for p in prompts:
+        enc = tok(p, add_special_tokens=False, truncation=True, max_length=max_length, return_tensors="pt")
+        logits = model(input_ids=enc["input_ids"].to(device)).logits.float()
+        out.append(torch.softmax(logits[0, -1, [yes_id, no_id]], dim=-1)[0].item())
+    return out

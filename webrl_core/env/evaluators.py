@@ -371,7 +371,7 @@ async def check_reference_answers(reference_answers: dict, pred: str, intent: st
             row("exact_match", value, s)
         elif approach == "must_include":
             s = 1.0
-            for item in value:
+            for item in [value] if isinstance(value, str) else value:  # Lite task 81 stores a bare string
                 hit = must_include_any(item, pred_c)
                 row("must_include", item, hit)
                 s *= hit

@@ -189,15 +189,16 @@ def labelled_elements(obs: str) -> list[ObsElement]:
 
 
 def find_element(obs: str, text: str | None = None, *, tag: str | None = None, exact: bool = False,
-                 **attrs: str) -> ObsElement | None:
-    """First labelled element matching all given conditions (case-insensitive).
+                 case_sensitive: bool = False, **attrs: str) -> ObsElement | None:
+    """First labelled element matching all given conditions (case-insensitive unless ``case_sensitive``).
 
     ``text`` matches the element's text (substring unless ``exact``), or its placeholder/title/value when it
     has no text; keyword ``attrs`` (use ``data_status=...`` for ``data-status``) must be substrings of the
     attribute values.
     """
     def norm(s: str) -> str:
-        return " ".join(s.split()).lower()
+        s = " ".join(s.split())
+        return s if case_sensitive else s.lower()
 
     for el in labelled_elements(obs):
         if tag and el.tag != tag:

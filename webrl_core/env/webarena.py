@@ -101,6 +101,8 @@ def _eval_errors(ev: Any, errs: list[str]) -> None:
             errs.append(f"field '{f}': unknown key; allowed: {list(REFERENCE_ANSWER_KEYS)}")
         elif k == "exact_match" and not isinstance(v, str):
             errs.append(f"field '{f}': expected str, got {_type_name(v)}")
+        elif k == "must_include" and isinstance(v, str):
+            pass  # one Lite task (#81) stores a bare string; the evaluator reads it as a one-item list
         elif k == "fuzzy_match" and not (v == "N/A" or _is_str_list(v)):
             errs.append(f"field '{f}': expected a list of str or \"N/A\", got {v!r}")
         elif k not in ("exact_match", "fuzzy_match") and not _is_str_list(v):

@@ -126,10 +126,10 @@ class SiteKit:
         return verify(self.secret, request.cookies.get(self.session_cookie)) if self.session_cookie else None
 
     # -- responses
-    def render(self, request: Request, name: str, status: int = 200, **ctx) -> HTMLResponse:
+    def render(self, request: Request, _template: str, status: int = 200, **ctx) -> HTMLResponse:
         ctx.setdefault("user", self.user(request))
         ctx.setdefault("path", request.url.path)
-        html = self.jinja.get_template(f"{self.site}/{name}").render(**ctx)
+        html = self.jinja.get_template(f"{self.site}/{_template}").render(**ctx)
         return HTMLResponse(html, status_code=status)
 
     def redirect(self, url: str) -> RedirectResponse:

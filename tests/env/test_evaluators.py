@@ -1,0 +1,420 @@
+"""WebArena-Lite evaluator rules: pure string/URL checks, a real HTTP judge, and program_html on real Chromium pages."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+
+from webrl_core.env import evaluators as ev
+from webrl_core.env.webarena import load_webarena_tasks
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "webarena" / "mini_lite.raw.json"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# ---------------------------------------------------------------------------------------------
+# string_match: exact_match, must_include (|OR|, single-token rule), must_exclude, required_values
+
+def test_clean_answer_strips_one_pair_of_quotes_and_lowercases():
+    assert ev.clean_answer('  "Earl Grey"  ') == "earl grey"
+    assert ev.clean_answer("''x''") == "'x'"
+    assert ev.clean_answer("'unbalanced\"") == "'unbalanced\""
+
+
+def test_exact_match_pass_and_fail():
+    assert ev.exact_match("Yes", '"yes"') == 1.0
+    assert ev.exact_match("Yes", "yes, it is") == 0.0
+
+
+def test_must_include_or_alternatives():
+    task = {"intent": "", "eval": {"reference_answers": {"must_include": ["Earl Grey |OR| Earl-Grey", "12"]}}}
+    ok, det = run(ev.evaluate_string_match(task, "It was earl-grey with 12 units"))
+    assert ok == 1.0 and [d["score"] for d in det] == [1.0, 1.0]
+    bad, det = run(ev.evaluate_string_match(task, "It was Darjeeling with 12 units"))
+    assert bad == 0.0 and det[0]["score"] == 0.0 and det[1]["score"] == 1.0
+
+
+def test_must_include_single_token_rule():
+    # "0" is one word token: token membership, so "10" and "2023-01-02" do not contain it
+    assert ev.must_include("0", "there are 0 such comments.") == 1.0
+    assert ev.must_include("0", "there are 10 such comments") == 0.0
+    # tokens with "/" are also split
+    assert ev.must_include("b", "the route a/b") == 1.0
+    assert ev.must_include("b", "the route a/bc") == 0.0
+    # a multi-token reference is a substring test
+    assert ev.must_include("new york", "I flew to New York City") == 1.0
+    assert ev.must_include("new york", "I flew to Newark") == 0.0
+
+
+def test_word_tokenize_approximates_treebank():
+    assert ev.word_tokenize("I don't know, it's $24.50 for 1,000 at 12:30.") == [
+        "I", "do", "n't", "know", ",", "it", "'s", "$", "24.50", "for", "1,000", "at", "12:30", "."]
+
+
+def test_must_exclude_and_required_values():
+    task = {"intent": "", "eval": {"reference_answers": {"must_exclude": ["refund"]}}}
+    assert run(ev.evaluate_string_match(task, "no returns possible"))[0] == 1.0
+    assert run(ev.evaluate_string_match(task, "a refund is possible"))[0] == 0.0
+    assert ev.required_values_match(["< 10"], "5") == 1.0
+    assert ev.required_values_match(["< 10"], "1,200") == 0.0
+    assert ev.required_values_match([">= 3 |OR| == 0"], "0") == 1.0
+    assert ev.required_values_match(["< 10"], "many") == 0.0
+
+
+def test_missing_answer_scores_as_empty_string():
+    task = {"intent": "", "eval": {"reference_answers": {"exact_match": "Yes"}}}
+    assert run(ev.evaluate_string_match(task, None))[0] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# url_match
+
+def test_url_match_exact():
+    ref = "http://localhost:8023/dashboard/todos |OR| http://localhost:8023/todos"
+    assert ev.url_match("http://127.0.0.1:8023/dashboard/todos/", ref) == 1.0  # default rule EXACT
+    assert ev.url_match("http://127.0.0.1:8023/dashboard/todos?sort=asc", ref, "EXACT") == 0.0
+
+
+def test_url_match_gold_in_pred():
+    ref = "http://localhost:8023/dashboard/todos"
+    assert ev.url_match("http://127.0.0.1:8023/dashboard/todos?sort=asc", ref, "GOLD in PRED") == 1.0
+    assert ev.url_match("http://127.0.0.1:8023/dashboard/issues", ref, "GOLD in PRED") == 0.0
+    with pytest.raises(ValueError, match="unknown url_note"):
+        ev.url_match("http://x", ref, "FUZZY")
+
+
+# ---------------------------------------------------------------------------------------------
+# func: parsing (ast, never eval)
+
+def test_parse_helper_call_accepts_literals_and_special_names():
+    call = ev.parse_helper_call("func:helper(__page__, 'a', [1, 2], n=3)")
+    assert call.name == "helper" and call.args[1:] == ["a", [1, 2]] and call.kwargs == {"n": 3}
+
+
+@pytest.mark.parametrize("expr", ["func:__import__('os').system('true')", "func:helper(open('x'))",
+                                  "func:helper(page)", "func:helper(*args)", "func:x.y()", "func:1 + 2"])
+def test_parse_helper_call_rejects_code(expr):
+    with pytest.raises(ValueError, match="func expression"):
+        ev.parse_helper_call(expr)
+
+
+def test_call_helper_binds_last_url_and_rejects_unknown_names():
+    helpers = ev.default_helpers()
+    out = run(ev.call_helper("func:reddit_get_post_url('__last_url__')", helpers,
+                             last_url="http://h:9999/f/books/12/some-title/comment/3"))
+    assert out == "http://h:9999/f/books/12/"
+    assert ev.reddit_get_post_url("http://h:9999/forums") == "http://h:9999/forums"
+    with pytest.raises(ValueError, match="unknown helper 'nope'"):
+        run(ev.call_helper("func:nope()", helpers))
+
+
+# ---------------------------------------------------------------------------------------------
+# a real OpenAI-compatible judge on 127.0.0.1 (deterministic rules over the prompt it receives)
+
+class _JudgeHandler(BaseHTTPRequestHandler):
+    requests: list = []
+    fail = False
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+        if type(self).fail or self.path != "/v1/chat/completions":
+            self.send_response(500)
+            self.end_headers()
+            return
+        prompt = body["messages"][-1]["content"]
+        ref = re.search(r"Reference answer: (.*)", prompt)
+        if ref:  # fuzzy: all reference parts in the prediction -> correct, some -> partially, none -> incorrect
+            pred = re.search(r"Predicted answer: (.*)", prompt).group(1).lower()
+            parts = [p.strip().lower() for p in ref.group(1).split(",")]
+            hits = sum(p in pred for p in parts)
+            reply = "Correct." if hits == len(parts) else "Partially correct." if hits else "Incorrect."
+        else:  # ua: the reported reason shares at least half of the actual reason's words -> same
+            actual = set(re.search(r"Actual reason.*?: (.*)", prompt).group(1).lower().split())
+            told = set(re.search(r"Reason reported by the agent: (.*)", prompt).group(1).lower().split())
+            reply = "same" if len(actual & told) * 2 >= len(actual) else "different"
+        out = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
+                          "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
+                                       "finish_reason": "stop"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+
+@pytest.fixture(scope="module")
+def judge_url():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _JudgeHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+@pytest.fixture
+def judge(judge_url, monkeypatch):
+    monkeypatch.setenv("WEBRL_TEST_JUDGE_KEY", "sk-test")
+    _JudgeHandler.requests.clear()
+    _JudgeHandler.fail = False
+    return ev.LLMJudge(judge_url, model="judge-mini", api_key_env="WEBRL_TEST_JUDGE_KEY", retries=0)
+
+
+def _fuzzy_task(value, note=""):
+    return {"intent": "How far by bike?", "eval": {"reference_answers": {"fuzzy_match": value}, "string_note": note}}
+
+
+def test_fuzzy_match_through_the_judge(judge):
+    task = _fuzzy_task(["4.2 km", "17 min"])
+    ok, det = run(ev.evaluate_string_match(task, "It is 4.2 km, about 17 min", judge))
+    assert ok == 1.0 and det[0]["judge"] == "judge-mini" and "correct" in det[0]["judge_reply"].lower()
+    partial, det = run(ev.evaluate_string_match(task, "It is 4.2 km", judge))
+    assert partial == 0.0 and det[0]["judge_reply"] == "Partially correct."
+    assert run(ev.evaluate_string_match(task, "No idea", judge))[0] == 0.0
+    req = _JudgeHandler.requests[0]
+    assert req["body"]["model"] == "judge-mini" and req["body"]["temperature"] == 0
+    assert req["auth"] == "Bearer sk-test"
+    assert "Reference answer: 4.2 km, 17 min" in req["body"]["messages"][-1]["content"]
+
+
+def test_fuzzy_match_fallback_without_judge():
+    task = _fuzzy_task(["4.2 km", "17 min"])
+    ok, det = run(ev.evaluate_string_match(task, "4.2 km, 17 min by bike"))
+    assert ok == 1.0 and det[0]["judge"] == "fallback"
+    assert run(ev.evaluate_string_match(task, "4.2 km"))[0] == 0.0
+
+
+def test_na_exact_then_ua_match(judge):
+    task = _fuzzy_task("N/A", note="the store has no refund policy page")
+    ok, det = run(ev.evaluate_string_match(task, '"n/a"', judge))
+    assert ok == 1.0 and det[0]["check"] == "fuzzy_match:N/A exact" and _JudgeHandler.requests == []
+    ok, det = run(ev.evaluate_string_match(task, "N/A: there is no refund policy page in the store", judge))
+    assert ok == 1.0 and det[0]["check"] == "fuzzy_match:N/A ua_match" and len(_JudgeHandler.requests) == 1
+    bad, _ = run(ev.evaluate_string_match(task, "N/A: the site was down", judge))
+    assert bad == 0.0
+    # without a judge the reason cannot be compared: 0, marked as fallback
+    s, det = run(ev.evaluate_string_match(task, "N/A: there is no refund policy page in the store"))
+    assert s == 0.0 and det[0]["judge"] == "fallback"
+
+
+def test_judge_errors_are_reported(judge):
+    _JudgeHandler.fail = True
+    with pytest.raises(ev.JudgeError, match="judge-mini"):
+        run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
+
+
+def test_verdict_parsing():
+    assert ev.parse_fuzzy_verdict("The answer is correct") == 1.0
+    assert ev.parse_fuzzy_verdict("partially correct") == 0.0
+    assert ev.parse_fuzzy_verdict("INCORRECT") == 0.0
+    assert ev.parse_fuzzy_verdict("unsure") == 0.0
+    assert ev.parse_ua_verdict("Same.") == 1.0 and ev.parse_ua_verdict("different") == 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# program_html / url_match / combination on real Chromium pages served by a local http server
+
+SITE_STATE: dict = {}
+
+
+class _SiteHandler(BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+
+    def _send(self, body: str, ctype="text/html"):
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", f"{ctype}; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        path = urlparse(self.path).path
+        s = SITE_STATE
+        if path == "/f/gardening/42/":
+            self._send(f"<h1 class='post-title'>{s['post_title']}</h1><p>in gardening</p>")
+        elif path.startswith("/f/gardening/42/"):
+            self._send("<p>A comment thread in the gardening forum</p>")
+        elif path == "/wishlist/":
+            items = "".join(f"<li>{i}</li>" for i in s["wishlist"])
+            self._send(f"<ul id='wishlist'>{items}</ul>")
+        elif path == "/catalog/product/tea-01":
+            self._send("<input id='qty' value=''><button id='show-stock' "
+                       f"onclick=\"document.querySelector('#qty').value='{s['stock']}'\">show</button>")
+        elif path == "/xhr":  # content that arrives after the load event
+            self._send("<div id='data'>pending</div><script>window.addEventListener('load', () => "
+                       "setTimeout(() => fetch('/api').then(r => r.text()).then(t => "
+                       "{document.querySelector('#data').textContent = t}), 100))</script>")
+        elif path == "/api":
+            self._send(s.get("api_text", "loaded-by-xhr"), "text/plain")
+        elif path == "/notes":
+            self._send("<p>Tea &amp; cake &lt;b&gt;</p>")
+        else:
+            self._send(f"<p>page {path}</p>")
+
+
+@pytest.fixture(scope="module")
+def site():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _SiteHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    urls = {k: base for k in ("shopping", "shopping_admin", "reddit", "gitlab", "map", "wikipedia")}
+    tasks = {t["task_id"]: t for t in load_webarena_tasks(FIXTURE, urls)}
+    yield base, tasks
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser_loop():
+    """One event loop and one Chromium for the module; each test gets a fresh page."""
+    from playwright.async_api import async_playwright
+
+    loop = asyncio.new_event_loop()
+
+    async def start():
+        pw = await async_playwright().start()
+        br = await pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        return pw, br
+
+    pw, browser = loop.run_until_complete(start())
+    yield loop, browser
+    loop.run_until_complete(browser.close())
+    loop.run_until_complete(pw.stop())
+    loop.close()
+
+
+@pytest.fixture(autouse=True)
+def _reset_site_state():
+    SITE_STATE.clear()
+    SITE_STATE.update(post_title="Raised beds for beginners", wishlist=["Teapot B"], stock=5)
+
+
+def evaluate_at(browser_loop, url: str, task: dict, answer=None, helpers=None, judge=None):
+    """Open ``url`` as the agent's final page in a fresh context, then score ``task``."""
+    loop, browser = browser_loop
+
+    async def go():
+        ctx = await browser.new_context()
+        try:
+            page = await ctx.new_page()
+            await page.goto(url)
+            return await ev.evaluate_task(task, page, answer, helpers=helpers, judge=judge)
+        finally:
+            await ctx.close()
+
+    return loop.run_until_complete(go())
+
+
+def test_func_url_and_last_targets_with_url_match(site, browser_loop):
+    base, tasks = site
+    res = evaluate_at(browser_loop, f"{base}/f/gardening/42/raised-beds/comment/7", tasks[3])
+    assert res.score == 1.0, res.details
+    sel = [d for d in res.details if d["check"] == "select"]
+    assert sel[0]["url"] == f"{base}/f/gardening/42/" and sel[1]["url"] == "last"
+    assert "comment thread" in sel[1]["selected"]  # "last" saw the agent's page, before target 0 navigated away
+    SITE_STATE["post_title"] = "Something else"
+    res = evaluate_at(browser_loop, f"{base}/f/gardening/42/raised-beds/comment/7", tasks[3])
+    assert res.score == 0.0
+
+
+def test_url_match_failure_zeroes_the_product(site, browser_loop):
+    base, tasks = site
+    res = evaluate_at(browser_loop, f"{base}/f/cooking/9/x", tasks[3])
+    url_rows = [d for d in res.details if d["evaluator"] == "url_match" and d["check"] != "total"]
+    assert url_rows[0]["score"] == 0.0 and res.score == 0.0
+
+
+def test_placeholder_url_and_func_locator(site, browser_loop):
+    base, tasks = site
+    assert evaluate_at(browser_loop, f"{base}/", tasks[4]).score == 1.0
+    SITE_STATE["wishlist"] = ["Teapot A", "Teapot B"]  # must_exclude fails
+    res = evaluate_at(browser_loop, f"{base}/", tasks[4])
+    assert res.score == 0.0
+    assert [d["score"] for d in res.details if d["check"] in ("must_include", "must_exclude")] == [1.0, 0.0]
+
+
+def test_prep_actions_and_required_values(site, browser_loop):
+    base, tasks = site
+    assert evaluate_at(browser_loop, f"{base}/", tasks[7]).score == 1.0
+    SITE_STATE["stock"] = 25
+    assert evaluate_at(browser_loop, f"{base}/", tasks[7]).score == 0.0
+
+
+def _html_task(url, locator, rc, intent="t"):
+    return {"task_id": "h", "intent": intent, "eval": {"eval_types": ["program_html"], "program_html": [
+        {"url": url, "locator": locator, "required_contents": rc}]}}
+
+
+def test_failing_js_locator_selects_empty(site, browser_loop):
+    base, _ = site
+    task = _html_task("last", "document.querySelector('#missing').outerText", {"exact_match": ""})
+    res = evaluate_at(browser_loop, f"{base}/notes", task)
+    assert res.score == 1.0 and res.details[0]["selected"] == ""
+    task = _html_task("last", "document.querySelector('#missing').outerText", {"must_include": ["tea"]})
+    assert evaluate_at(browser_loop, f"{base}/notes", task).score == 0.0
+
+
+def test_full_page_content_is_unescaped(site, browser_loop):
+    base, _ = site
+    task = _html_task(f"{base}/notes", "", {"must_include": ["tea & cake <b>"]})
+    assert evaluate_at(browser_loop, f"{base}/", task).score == 1.0
+    task = _html_task(f"{base}/notes", "", {"must_include": ["tea & biscuits"]})
+    assert evaluate_at(browser_loop, f"{base}/", task).score == 0.0
+
+
+def test_navigation_waits_for_late_content_without_fixed_sleep(site, browser_loop):
+    base, _ = site
+    task = _html_task(f"{base}/xhr", "document.querySelector('#data').textContent", {"exact_match": "loaded-by-xhr"})
+    assert evaluate_at(browser_loop, f"{base}/", task).score == 1.0
+    SITE_STATE["api_text"] = "other"
+    assert evaluate_at(browser_loop, f"{base}/", task).score == 0.0
+
+
+def test_custom_async_helper_and_none_selection(site, browser_loop):
+    base, _ = site
+
+    async def page_title_words(page, n):
+        return " ".join((await page.title() or "no title here").split()[:n])
+
+    async def nothing(page):
+        return None
+
+    helpers = {"page_title_words": page_title_words, "nothing": nothing}
+    task = _html_task("last", "func:page_title_words(__page__, 2)", {"exact_match": "no title"})
+    assert evaluate_at(browser_loop, f"{base}/notes", task, helpers=helpers).score == 1.0
+    task = _html_task("last", "func:nothing(__page__)", {"exact_match": ""})
+    res = evaluate_at(browser_loop, f"{base}/notes", task, helpers=helpers)
+    assert res.score == 0.0 and res.details[0]["note"] == "locator selected None"
+    with pytest.raises(ValueError, match="unknown helper"):
+        evaluate_at(browser_loop, f"{base}/notes", _html_task("last", "func:absent(__page__)", {"exact_match": ""}))
+
+
+def test_string_and_url_combine_by_product(site, browser_loop, judge):
+    base, tasks = site
+    t6 = tasks[6]  # string_match exact "Yes" + url_match EXACT on the map
+    assert evaluate_at(browser_loop, f"{base}/search?query=Eastbrook", t6, answer="yes").score == 1.0
+    assert evaluate_at(browser_loop, f"{base}/search?query=Eastbrook", t6, answer="no").score == 0.0
+    assert evaluate_at(browser_loop, f"{base}/search?query=Westbrook", t6, answer="yes").score == 0.0
+    # program_html fuzzy target through the judge, combined with nothing else
+    task = _html_task("last", "document.querySelector('p').textContent", {"fuzzy_match": ["tea", "cake"]})
+    res = evaluate_at(browser_loop, f"{base}/notes", task, judge=judge)
+    assert res.score == 1.0 and any(d.get("judge") == "judge-mini" for d in res.details)
+    bad = copy.deepcopy(task)
+    bad["eval"]["program_html"][0]["required_contents"]["fuzzy_match"] = ["coffee"]
+    assert evaluate_at(browser_loop, f"{base}/notes", bad, judge=judge).score == 0.0

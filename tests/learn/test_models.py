@@ -1,0 +1,125 @@
+"""Embedded tokenizer/model build, save/load round trips, LoRA merge, and the prompt/action token alignment."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from webrl_core.config import EmbeddedModelConfig, LoraConfig, ModelsConfig
+from webrl_core.models import (apply_lora, backbone_and_hidden_size, build_embedded_model, encode_prompt_action,
+                               load_causal_lm, load_tokenizer, save_model, stop_token_id, train_embedded_tokenizer)
+from webrl_core.prompts import ASSISTANT_HEADER, BOS, EOT, SPECIAL_TOKENS, build_prompt
+
+ACTION = '# Element: the search box\ndo(action="Type", argument="blue shirt", element="12")'
+
+
+def corpus() -> list[str]:
+    html = "".join(f'<div id="{i}"><a id="{i}">item {i} price ${i}.99</a><button id="{i}">Add</button></div>'
+                   for i in range(40))
+    return [build_prompt(f"Find the price of item {k}", [ACTION] * (k % 3), html) + ACTION for k in range(8)]
+
+
+def tiny(arch: str) -> EmbeddedModelConfig:
+    return EmbeddedModelConfig(vocab_size=400, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                               max_length=512, arch=arch)
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tok")
+    train_embedded_tokenizer(corpus(), 400, out)
+    return out
+
+
+def test_tokenizer_specials_and_answers(tok_dir):
+    tok = load_tokenizer(tok_dir)
+    for t in SPECIAL_TOKENS:  # every special token is one atomic id
+        assert len(tok.encode(t, add_special_tokens=False)) == 1, t
+    assert tok.pad_token == "<pad>" and tok.bos_token == BOS and tok.eos_token == EOT
+    assert stop_token_id(tok) == tok.convert_tokens_to_ids(EOT)
+    for word in ("YES", "NO"):
+        assert len(tok.encode(word, add_special_tokens=False)) == 1
+    assert tok("hello").input_ids[0] == tok.bos_token_id  # BOS added like Llama-3 (what vLLM will see)
+    text = corpus()[0]
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text  # byte-level: lossless
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt_neox"])
+def test_build_save_load_roundtrip(tok_dir, tmp_path, arch):
+    out = build_embedded_model(tok_dir, tiny(arch), tmp_path / arch, seed=3)
+    assert (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    plain = AutoModelForCausalLM.from_pretrained(str(out))  # an ordinary HF folder
+    assert plain.config.model_type == arch
+    model = load_causal_lm(out, ModelsConfig(device="cpu"))
+    assert not model.training and not any(p.requires_grad for p in model.parameters())
+    backbone, hidden = backbone_and_hidden_size(model)
+    assert hidden == 32 and backbone is not model
+    ids = torch.tensor([[1, 5, 6, 7]])
+    assert torch.equal(plain(ids).logits, model(ids).logits)
+    # same seed -> same weights; another seed -> different
+    again = load_causal_lm(build_embedded_model(tok_dir, tiny(arch), tmp_path / "again", seed=3), ModelsConfig())
+    other = load_causal_lm(build_embedded_model(tok_dir, tiny(arch), tmp_path / "other", seed=4), ModelsConfig())
+    assert torch.equal(again(ids).logits, model(ids).logits)
+    assert not torch.equal(other(ids).logits, model(ids).logits)
+
+
+def test_dtype_and_trainable(tok_dir, tmp_path):
+    out = build_embedded_model(tok_dir, tiny("llama"), tmp_path / "m")
+    m16 = load_causal_lm(out, ModelsConfig(dtype="bfloat16"))
+    assert next(m16.parameters()).dtype == torch.bfloat16
+    mt = load_causal_lm(out, ModelsConfig(gradient_checkpointing=True), trainable=True)
+    assert mt.training and all(p.requires_grad for p in mt.parameters())
+    assert mt.is_gradient_checkpointing
+
+
+def test_lora_save_merged_loads(tok_dir, tmp_path):
+    out = build_embedded_model(tok_dir, tiny("llama"), tmp_path / "base")
+    cfg = ModelsConfig(lora=LoraConfig(enabled=True, r=4, alpha=8, dropout=0.0))
+    model = load_causal_lm(out, cfg, trainable=True)
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():  # move the adapter away from its zero init so merging changes the weights
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05)
+    tok = load_tokenizer(out)
+    saved = save_model(model, tok, tmp_path / "saved")
+    assert (saved / "adapter" / "adapter_config.json").exists() and (saved / "model.safetensors").exists()
+    merged = AutoModelForCausalLM.from_pretrained(str(saved))
+    assert not any("lora" in k for k in merged.state_dict())
+    ids = torch.tensor([[1, 9, 10, 11, 12]])
+    model.eval()
+    with torch.no_grad():
+        assert torch.allclose(merged(ids).logits, model(ids).logits, atol=1e-5)
+        base = AutoModelForCausalLM.from_pretrained(str(out))
+        assert not torch.allclose(base(ids).logits, merged(ids).logits, atol=1e-4)
+    assert any("lora_" in n for n, _ in model.named_parameters())  # training model left intact
+    with pytest.raises(FileNotFoundError):
+        load_causal_lm(tmp_path / "missing", ModelsConfig())
+    assert apply_lora(AutoModelForCausalLM.from_pretrained(str(out)), LoraConfig(r=2)).peft_config
+
+
+def test_alignment_exact_and_truncation_cuts_observation(tok_dir):
+    tok = load_tokenizer(tok_dir)
+    html = "<p>" + " ".join(f"word{i}" for i in range(300)) + "</p>"
+    prompt = build_prompt("Buy the red lamp", [ACTION], html)
+    action_ids = tok.encode(ACTION, add_special_tokens=False)
+    full = encode_prompt_action(tok, prompt, ACTION, 100_000)
+    n_prompt = len(tok.encode(prompt, add_special_tokens=False)) + 1  # + BOS
+    assert full["input_ids"][0] == tok.bos_token_id
+    assert full["input_ids"][n_prompt:] == action_ids + [stop_token_id(tok)]
+    assert full["action_mask"] == [0] * n_prompt + [1] * (len(action_ids) + 1)
+    assert full["labels"] == [-100] * n_prompt + action_ids + [stop_token_id(tok)]
+    # truncation: the action and the closing assistant header survive; the HTML loses its end
+    short = encode_prompt_action(tok, prompt, ACTION, 150)
+    assert len(short["input_ids"]) == 150
+    assert short["input_ids"][-(len(action_ids) + 1):] == action_ids + [stop_token_id(tok)]
+    n_act = sum(short["action_mask"])
+    assert n_act == len(action_ids) + 1 and short["action_mask"][-n_act:] == [1] * n_act
+    kept_prompt = tok.decode(short["input_ids"][:-n_act])
+    assert kept_prompt.startswith(BOS + "Task Instruction: Buy the red lamp")
+    assert kept_prompt.endswith("\n\n" + ASSISTANT_HEADER + "\n") and "word0" in kept_prompt
+    assert "word299" not in kept_prompt
+    with pytest.raises(ValueError, match="max_length"):
+        encode_prompt_action(tok, prompt, ACTION, len(action_ids))

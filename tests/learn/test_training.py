@@ -1,0 +1,173 @@
+"""The WebRL actor loss by hand, exact action log-probs under left padding, and short real training runs."""
+
+import pytest
+import torch
+
+from webrl_core.config import EmbeddedModelConfig, load_config
+from webrl_core.critic import Critic
+from webrl_core.models import (build_embedded_model, encode_prompt_action, left_pad, load_causal_lm, load_tokenizer,
+                               train_embedded_tokenizer)
+from webrl_core.prompts import build_prompt
+from webrl_core.training import (action_logprobs, encode_samples, sequence_logprobs, sft_train, train_actor,
+                                 webrl_actor_loss)
+from webrl_core.transitions import build_transitions
+
+T = torch.tensor
+
+
+def _loss(logp, ref, n, adv, mask, beta0, **kw):
+    logp = T(logp, requires_grad=True)
+    out, _ = webrl_actor_loss(logp, T(ref), T(n), T(adv), T(mask), T(beta0), **kw)
+    out.backward()
+    return out.item(), logp.grad.tolist()
+
+
+def test_official_loss_by_hand():
+    # sample 0: log_ratio = (-3.6 + 4)/4 = 0.1; beta = min(5, 1/0.1 = 10) = 5; Huber(0.5, 1) = 0.5*0.25 = 0.125; /5
+    # sample 1: masked out -> 0. Mean over the batch of 2 -> 0.0125.
+    loss, grad = _loss([-3.6, -5.0], [-4.0, -5.0], [4.0, 5.0], [1.0, -0.6], [1.0, 0.0], [5.0, 5.0])
+    assert loss == pytest.approx(0.0125)
+    # d/dlogp0 = (1/2) * (1/5) * (beta*lr - A) * beta / n = 0.5 * 0.2 * (-0.5) * 5 / 4
+    assert grad == pytest.approx([-0.0625, 0.0])
+    # beta cap: log_ratio = 2/4 = 0.5 -> beta = min(5, 2) = 2 -> beta*lr = 1 = A -> loss 0 (PPO-like clip)
+    assert _loss([-2.0], [-4.0], [4.0], [1.0], [1.0], [5.0])[0] == pytest.approx(0.0)
+    # Huber linear branch: log_ratio = -8/4 = -2, beta = min(1, 0.5) = 0.5, d = -1 - 1 = -2 -> 2 - 0.5 = 1.5; /0.5
+    assert _loss([-12.0], [-4.0], [4.0], [1.0], [1.0], [1.0])[0] == pytest.approx(3.0)
+    # actor == ref: log_ratio 0 keeps beta; Huber(0, 1)/1 = 0.5
+    assert _loss([-4.0], [-4.0], [4.0], [1.0], [1.0], [1.0])[0] == pytest.approx(0.5)
+    # count_norm="batch": divide by the batch's kept tokens (4 + 6): lr = 0.4/10 = 0.04 and 0
+    loss_b, _ = _loss([-3.6, -6.0], [-4.0, -6.0], [4.0, 6.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0],
+                      count_norm="batch")
+    assert loss_b == pytest.approx((0.5 * 0.96 ** 2 + 0.5) / 2)
+
+
+def test_paper_and_sft_losses_by_hand():
+    # sum: log_ratio = [1, -1], beta 0.5: ((0.5 - 0.45)^2 + (-0.5 + 0.2)^2)/2
+    loss, _ = _loss([-3.0, -6.0], [-4.0, -5.0], [4.0, 5.0], [0.45, -0.2], [1.0, 1.0], [0.5, 0.5], loss="paper")
+    assert loss == pytest.approx((0.05 ** 2 + 0.3 ** 2) / 2)
+    # mean: log_ratio = [0.25, -0.2]: ((0.125 - 0.45)^2 + (-0.1 + 0.2)^2)/2
+    loss, _ = _loss([-3.0, -6.0], [-4.0, -5.0], [4.0, 5.0], [0.45, -0.2], [1.0, 1.0], [0.5, 0.5], loss="paper",
+                    paper_logratio="mean")
+    assert loss == pytest.approx((0.325 ** 2 + 0.1 ** 2) / 2)
+    # kl=False: token-mean NLL of the kept samples: (3 + 6)/(4 + 5)
+    loss, grad = _loss([-3.0, -6.0], [-4.0, -5.0], [4.0, 5.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0], kl=False)
+    assert loss == pytest.approx(1.0) and grad == pytest.approx([-1 / 9, -1 / 9])
+
+
+# ---------------------------------------------------------------------------------------------
+# real tiny models
+
+def _texts():
+    return [build_prompt(f"open item {i}", [], f"<button id={i}>Open {i}</button>") + f'do(action="Click", element="{i}")'
+            for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("actor_models")
+    train_embedded_tokenizer(_texts(), 400, root / "tok")
+    out = {}
+    for arch in ("llama", "gpt_neox"):
+        cfg = EmbeddedModelConfig(vocab_size=400, hidden_size=48, intermediate_size=96, num_layers=2, num_heads=2,
+                                  max_length=512, arch=arch)
+        out[arch] = build_embedded_model(root / "tok", cfg, root / arch, seed=2)
+        Critic.from_backbone(out[arch], 0.05, 256, device="cpu").save(root / f"critic_{arch}")  # untrained critic
+        out[f"critic_{arch}"] = root / f"critic_{arch}"
+    return out
+
+
+def test_action_logprobs_match_unpadded_full_logits(tiny):
+    settings = load_config(sets=["models.device=cpu"])
+    tok = load_tokenizer(tiny["llama"])
+    model = load_causal_lm(tiny["llama"], settings.models)
+    pairs = [(build_prompt("open item 1", [], "<p>a</p>"), 'do(action="Click", element="1")'),
+             (build_prompt("open item 22", ["r0"], "<button id=7>Open 7</button>"), "exit(message=\"done\")")]
+    rows = [encode_prompt_action(tok, p, a, 256) for p, a in pairs]
+    manual = []
+    with torch.no_grad():
+        for r in rows:
+            ids = torch.tensor([r["input_ids"]])
+            logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+            tgt = ids[0, 1:]
+            am = torch.tensor(r["action_mask"][1:], dtype=torch.bool)
+            manual.append(logp.gather(-1, tgt[:, None])[:, 0][am].sum().item())
+        ids, mask = left_pad([r["input_ids"] for r in rows], tok.pad_token_id)
+        n = torch.tensor([sum(r["action_mask"]) for r in rows])
+        batched = action_logprobs(model, ids, mask, n).tolist()
+    assert batched == pytest.approx(manual, abs=1e-4)
+    enc = encode_samples(tok, [{"observation": p, "action": a} for p, a in pairs], 256)
+    assert sequence_logprobs(model, enc, tok.pad_token_id, batch_size=2).tolist() == pytest.approx(manual, abs=1e-4)
+
+
+def _samples():
+    eps = []
+    for e in range(4):
+        ep = {"episode_id": f"s{e}", "success": True, "intent": f"open item {e}"}
+        steps, past = [], []
+        for k in range(2):
+            resp = f'do(action="Click", element="{e + k}")'
+            steps.append({"idx": k, "prompt": build_prompt(ep["intent"], past, f"<button id={e + k}>Open</button>"),
+                          "response": resp})
+            past.append(resp)
+        eps.append((ep, steps))
+    return build_transitions(eps)
+
+
+def _per_token_logp(model_dir, samples, settings):
+    tok = load_tokenizer(model_dir)
+    model = load_causal_lm(model_dir, settings.models)
+    rows = encode_samples(tok, samples, settings.models.max_length)
+    n = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
+    return sequence_logprobs(model, rows, tok.pad_token_id, 8) / n
+
+
+def _settings(*extra):
+    return load_config(sets=["models.device=cpu", "models.max_length=256", "actor.batch_size=4", "actor.lr=0.01",
+                             "actor.epochs=15", *extra])
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_official_loss_raises_positive_actions_with_bounded_kl(tiny, tmp_path, arch):
+    samples = _samples()
+    settings = _settings()
+    stats = train_actor(samples, tiny[arch], tmp_path / "a", settings, critic_dir=tiny[f"critic_{arch}"],
+                        progress=False)
+    assert stats["n_train"] == len(samples) == stats["n_positive"]  # successes: every step is positive
+    before = _per_token_logp(tiny[arch], samples, settings)
+    after = _per_token_logp(tmp_path / "a", samples, settings)
+    ratio = (after - before).mean().item()
+    assert ratio > 0.3, ratio  # the actions' log-prob rose
+    # the KL-constrained target is A / beta = 1 nat per token (beta = 1 here, ref_prob << 0.8): it stops there
+    assert ratio < 1.6, ratio
+    if arch == "llama":  # the ablation without KL keeps pushing on the same data and budget
+        train_actor(samples, tiny[arch], tmp_path / "sft", _settings("actor.kl=false"),
+                    critic_dir=tiny[f"critic_{arch}"], progress=False)
+        sft_ratio = (_per_token_logp(tmp_path / "sft", samples, settings) - before).mean().item()
+        assert sft_ratio > ratio + 0.5, (sft_ratio, ratio)
+
+
+def test_lora_paper_loss_and_saved_folders(tiny, tmp_path):
+    samples = _samples()
+    settings = _settings("models.lora.enabled=true", "models.lora.r=8", "actor.loss=paper", "actor.beta=0.5",
+                         "actor.lr=0.02")
+    stats = train_actor(samples, tiny["llama"], tmp_path / "a", settings, critic_dir=tiny["critic_llama"],
+                        progress=False)
+    assert stats["loss_mode"] == "paper" and stats["n_train"] == len(samples)
+    assert (tmp_path / "a" / "adapter" / "adapter_config.json").exists()
+    assert (tmp_path / "a" / "model.safetensors").exists()  # merged full weights
+    before = _per_token_logp(tiny["llama"], samples, settings)
+    after = _per_token_logp(tmp_path / "a", samples, settings)
+    assert (after - before).mean().item() > 0.1
+
+
+def test_sft_bootstrap_learns_the_actions(tiny, tmp_path):
+    samples = _samples()
+    settings = load_config(sets=["models.device=cpu", "models.max_length=256", "actor.batch_size=4",
+                                 "actor.sft_lr=0.01", "actor.sft_epochs=10"])
+    stats = sft_train([(s["observation"], s["action"]) for s in samples], tiny["llama"], tmp_path / "sft", settings)
+    assert stats["steps"] == 20
+    before = _per_token_logp(tiny["llama"], samples, settings)
+    after = _per_token_logp(tmp_path / "sft", samples, settings)
+    assert (after - before).mean().item() > 1.0
+    with pytest.raises(ValueError, match="pair 0"):
+        sft_train([("only a prompt",)], tiny["llama"], tmp_path / "x", settings)

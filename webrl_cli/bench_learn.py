@@ -1,0 +1,20 @@
+"""`webrl bench score` (and `webrl bench train`): learning-core benchmarks, ours vs the official method."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("score")
+    def bench_score(n: int = typer.Option(512, help="steps scored by both methods"),
+                    batch_sizes: str = typer.Option("1,2,4,8,16", help="micro-batch sizes tried for our method"),
+                    html_chars: str = typer.Option("800,6000", help="min,max characters of synthetic HTML per step"),
+                    seed: int = typer.Option(0, help="seed of the synthetic steps and the model"),
+                    threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
+                    out: str = typer.Option(None, help="write the numbers as JSON to this file")):
+        """Perplexity (1/PPL of the action) and ORM P(YES) scoring: batched vs the official one-at-a-time method,
+        same embedded tiny Llama and the same steps, in one process."""
+        from webrl_core.bench.score import run
+        run(n=n, batch_sizes=[int(b) for b in batch_sizes.split(",") if b.strip()],
+            html_chars=tuple(int(x) for x in html_chars.split(",")), seed=seed, threads=threads, out=out)

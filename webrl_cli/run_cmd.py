@@ -1,0 +1,122 @@
+"""Top-level commands that run flows: demo, phase, train, eval, reproduce."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from webrl_cli.main import app
+
+
+def prefect_env(run_root: str) -> None:
+    """Where Prefect keeps results and its local DB; set before prefect is imported."""
+    root = Path(run_root).resolve()
+    os.environ.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", str(root / ".prefect-results"))
+    os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _load(config: str, set_: list[str]):
+    from webrl_core.config import ConfigError, load_config
+
+    try:
+        s = load_config(config, sets=set_)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2)
+    prefect_env(s.run.root)
+    return s
+
+
+def print_table(run_dir: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from webrl_core.report import SITE_TITLES, SITES, results_table
+
+    rows = results_table(run_dir)
+    t = Table(title=f"Test-set success rate (%) per site: {run_dir}")
+    t.add_column("model")
+    for s in SITES:
+        t.add_column(SITE_TITLES[s], justify="right")
+    t.add_column("Avg", justify="right")
+    t.add_column("tasks", justify="right")
+    for r in rows:
+        t.add_row(r["label"], *[f"{100 * r[s]:.1f}" if r[s] is not None else "-" for s in SITES],
+                  f"{100 * r['avg']:.1f}", str(r["n"]))
+    Console().print(t)
+
+
+@app.command("demo")
+def demo(config: str = typer.Option("demo", help="config (path or packaged name)"),
+         set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
+    """Bootstrap + WebRL phases + evaluation on the embedded sites; ends with the per-site success table."""
+    s = _load(config, set_)
+    from flows.webrl import webrl_train
+
+    t0 = time.perf_counter()
+    out = webrl_train(config=config, overrides=set_)
+    rd = out["run_dir"]
+    print_table(rd)
+    typer.echo(f"\nwall time {time.perf_counter() - t0:.0f} s")
+    typer.echo(f"run dir:  {rd}\nsummary:  {rd}/summary.md\nplots:    {rd}/plots/\nviewer:   {rd}/viewer/\n"
+               f"store:    webrl store stats {rd}\nMLflow:   webrl serve mlflow --run-dir {rd}")
+
+
+@app.command("train")
+def train(config: str = typer.Option("demo", help="config"), phases: Optional[int] = typer.Option(None, help="phases"),
+          run_dir: Optional[str] = typer.Option(None, help="run directory (default <run.root>/<run.name>)"),
+          set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
+    """Bootstrap (when needed) then N phases."""
+    _load(config, set_)
+    from flows.webrl import webrl_train
+
+    out = webrl_train(config=config, phases=phases, run_dir=run_dir, overrides=set_)
+    print_table(out["run_dir"])
+
+
+@app.command("bootstrap")
+def bootstrap(config: str = typer.Option("demo", help="config"),
+              run_dir: Optional[str] = typer.Option(None, help="run directory"),
+              set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
+    """Phase 0 only: demos, tokenizer, SFT actor, ORM, critic init, baseline evaluation."""
+    _load(config, set_)
+    from flows.webrl import webrl_bootstrap
+
+    out = webrl_bootstrap(config=config, run_dir=run_dir, overrides=set_)
+    typer.echo(f"test success {out['metrics']['test_success_rate']:.3f}")
+
+
+@app.command("phase")
+def phase(config: str = typer.Option("demo", help="config"), phase: int = typer.Option(..., help="phase k >= 1"),
+          run_dir: Optional[str] = typer.Option(None, help="run directory"),
+          set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
+    """Run one WebRL phase (needs phase k-1's models in the run dir)."""
+    s = _load(config, set_)
+    from flows.webrl import webrl_phase
+
+    t0 = time.perf_counter()
+    webrl_phase(config=config, phase=phase, run_dir=run_dir, overrides=set_)
+    print_table(run_dir or str(s.run_dir().resolve()))
+    typer.echo(f"phase {phase} wall time {time.perf_counter() - t0:.1f} s")
+
+
+@app.command("eval")
+def evaluate(config: str = typer.Option("demo", help="config"), model: str = typer.Option(..., help="HF model folder"),
+             run_dir: Optional[str] = typer.Option(None, help="run directory"),
+             set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
+    """Evaluate a checkpoint on the test set and print the per-site table."""
+    _load(config, set_)
+    from flows.webrl import webrl_eval
+
+    out = webrl_eval(config=config, model=model, run_dir=run_dir, overrides=set_)
+    ev = out["eval"]
+    for site, v in sorted(ev["sites"].items()):
+        typer.echo(f"{site:15s} {v['success']:4d}/{v['n']:<4d} {100 * v['success'] / max(1, v['n']):5.1f}%")
+    typer.echo(f"{'total':15s} {ev['total']['success']:4d}/{ev['total']['n']:<4d} {100 * ev['success_rate']:5.1f}%")

@@ -1,0 +1,61 @@
+"""`webrl tasks ...`: WebArena-Lite task files (export with site URLs, validation)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+
+def _fail(msg: str) -> None:
+    typer.secho(msg, fg=typer.colors.RED, err=True)
+    raise typer.Exit(1)
+
+
+@app.command("export-webarena")
+def export_webarena_cmd(
+    raw: Path = typer.Argument(..., help="WebArena-Lite raw task file (e.g. test_webarena_lite.raw.json)"),
+    out_dir: Path = typer.Argument(..., help="folder for <name>.json and <name>/<idx>.json"),
+    config: str = typer.Option(None, "--config", "-c", help="config whose sites.urls give the site URLs"),
+    host: str = typer.Option("localhost", help="host of WebArena's default ports for sites without a URL"),
+):
+    """Replace __SHOPPING__-style placeholders with site URLs and write one config per task (VAB generate_test_data)."""
+    from webrl_core.config import ConfigError, load_config
+    from webrl_core.env.webarena import TaskFileError, export_webarena, resolve_site_urls
+
+    try:
+        urls = load_config(config).sites.urls  # also reads SHOPPING, REDDIT, ... (and WA_*) env vars
+        resolved = resolve_site_urls(urls, host)
+        per_task = export_webarena(raw, out_dir, resolved)
+    except (ConfigError, TaskFileError, ValueError) as e:
+        _fail(str(e))
+    n = len(list(per_task.glob("*.json")))
+    for site, url in resolved.items():
+        src = "config/env" if site in urls else "default"
+        typer.echo(f"  {site:15s} {url}  ({src})")
+    typer.echo(f"wrote {n} task configs to {per_task}/ and {per_task}.json")
+
+
+@app.command("validate")
+def validate_cmd(file: Path = typer.Argument(..., help="a raw task list, an exported list, or one <idx>.json")):
+    """Check every task's 13 fields and eval spec; print counts per site and eval type."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from webrl_core.env.webarena import TaskFileError, read_task_file, summarize
+
+    try:
+        tasks = read_task_file(file)
+    except TaskFileError as e:
+        _fail(str(e))
+    typer.echo(f"{file}: {len(tasks)} valid task(s)")
+    con = Console()
+    for name, counts in summarize(tasks).items():
+        table = Table(title=name.replace("_", " "))
+        table.add_column(name)
+        table.add_column("tasks", justify="right")
+        for k, v in counts.most_common():
+            table.add_row(k, str(v))
+        con.print(table)

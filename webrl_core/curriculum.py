@@ -1,0 +1,175 @@
+"""Self-evolving curriculum: in-breadth task generation from failures, critic filtering, de-duplication.
+
+Generation (webrl_spec.md §5.1): per site, ``generation_turns`` times, sample up to ``seed_num`` failed
+instructions of the previous phase and ask a generator for new tasks "in breadth": same domain and
+difficulty, more diverse, reusing the variable values of the examples. Generators:
+
+- ``EmbeddedGenerator``: for the embedded sites, varies each failed task within its site family
+  (``webrl_core.sites.vary_task``), so new tasks come with verifiable evaluators;
+- ``ChatGenerator``: an OpenAI-compatible chat endpoint (the official setup used GPT-4o); every
+  backtick-enclosed span of the reply is a new task, wrapped in a config with a dummy evaluator;
+- ``HFGenerator``: the same prompt through a local Hugging Face causal LM.
+
+Filter (§5.2): keep a task iff  low <= V(Round-0 prompt on its start page) <= high  with the critic's
+V = min of the two heads ([0.05, 0.75] by default; the official filter ORs the heads, we record both).
+Phase 1 has no trained critic: ``phase1_filter: skip`` keeps all, ``orm`` uses the ORM's P(YES) of the
+empty trajectory instead; the choice is recorded in the phase summary.
+
+De-duplication: a new task is dropped when its normalised intent (lowercase, collapsed whitespace, no
+trailing punctuation) equals that of any earlier task of the run or of another new task.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol
+
+from webrl_core.env.webarena import make_generated_task_config
+
+SITE_LABELS = {"shopping": "an online shop (OneStopMarket)", "shopping_admin": "the admin panel of an online shop",
+               "reddit": "a forum (Postmill, like Reddit)", "gitlab": "a code hosting site (like GitLab)",
+               "map": "a map and directions site (like OpenStreetMap)"}
+
+GENERATION_PROMPT = """You create tasks for an assistant that operates the website {site_label} through a browser.
+The tasks should be practical things a person might want to do on that website.
+
+Take inspiration from the tasks under #Given Task#. Write new tasks in the same domain and of similar difficulty,
+but more varied. They must be realistic and easy to understand. Do not write the markers "#Given Task#" or
+"#Created Task#" in your answer.
+
+Guidelines:
+- put each new task inside backticks, like `task`;
+- vary the wording between tasks;
+- reuse the concrete values in the given tasks (names of products, places, users, projects) instead of inventing new ones;
+- keep the difficulty reasonable.
+
+#Given Task#
+{examples}
+
+#Created Task#
+"""
+
+
+def normalise_intent(text: str) -> str:
+    return re.sub(r"\s+", " ", text.strip().lower()).rstrip(" .?!")
+
+
+def dedupe(candidates: Iterable[dict], seen_intents: Iterable[str]) -> list[dict]:
+    seen = {normalise_intent(s) for s in seen_intents}
+    out = []
+    for c in candidates:
+        key = normalise_intent(c["intent"])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(c)
+    return out
+
+
+def backtick_tasks(reply: str) -> list[str]:
+    """Every backtick-enclosed span of a generator reply (official parsing rule)."""
+    return [t.strip() for t in re.findall(r"`([^`\n]{8,400})`", reply) if t.strip()]
+
+
+class Generator(Protocol):
+    name: str
+
+    def generate(self, failed_by_site: dict[str, list[dict]], rng: random.Random, n_per_site: int) -> list[dict]: ...
+
+
+@dataclass
+class EmbeddedGenerator:
+    """Vary failed embedded tasks within their families (verifiable evaluators come along)."""
+
+    vary: Callable[[dict, random.Random], dict]
+    name: str = "embedded"
+
+    def generate(self, failed_by_site: dict[str, list[dict]], rng: random.Random, n_per_site: int) -> list[dict]:
+        out = []
+        for site in sorted(failed_by_site):
+            seeds = failed_by_site[site]
+            if not seeds:
+                continue
+            for i in range(n_per_site):
+                parent = seeds[i % len(seeds)] if i < len(seeds) else rng.choice(seeds)
+                child = self.vary(parent["config"], rng)
+                child["parent_task_id"] = parent["task_id"]
+                out.append(child)
+        return out
+
+
+@dataclass
+class ChatGenerator:
+    """In-breadth evolving through an OpenAI-compatible chat endpoint (official: gpt-4o, temperature 1)."""
+
+    base_url: str
+    model_name: str
+    api_key: str | None = None
+    turns: int = 2
+    seed_num: int = 10
+    name: str = "openai"
+    timeout_s: float = 120.0
+
+    def complete(self, prompt: str) -> str:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        r = httpx.post(self.base_url.rstrip("/") + "/chat/completions", headers=headers, timeout=self.timeout_s,
+                       json={"model": self.model_name, "temperature": 1.0, "top_p": 1.0,
+                             "messages": [{"role": "user", "content": prompt}]})
+        r.raise_for_status()
+        return r.json()["choices"][0]["message"]["content"]
+
+    def generate(self, failed_by_site: dict[str, list[dict]], rng: random.Random, n_per_site: int) -> list[dict]:
+        out = []
+        for site in sorted(failed_by_site):
+            seeds = failed_by_site[site]
+            made: list[str] = []
+            for _ in range(self.turns):
+                shown = rng.sample(seeds, min(self.seed_num, len(seeds)))
+                examples = "\n".join(f"- `{s['intent']}`" for s in shown)
+                reply = self.complete(GENERATION_PROMPT.format(site_label=SITE_LABELS.get(site, site), examples=examples))
+                made += backtick_tasks(reply)
+            parent = seeds[0]
+            for intent in made[:n_per_site]:
+                # generated tasks start on the site's home page with a dummy evaluator (the ORM labels them)
+                cfg = make_generated_task_config(task_id="", site=site, intent=intent)
+                cfg["parent_task_id"] = parent["task_id"]
+                out.append(cfg)
+        return out
+
+
+@dataclass
+class HFGenerator(ChatGenerator):
+    """The same prompt through a local HF causal LM (sampling, temperature 1)."""
+
+    model_dir: str = ""
+    name: str = "hf"
+    max_new_tokens: int = 512
+
+    def complete(self, prompt: str) -> str:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not hasattr(self, "_model"):
+            self._tok = AutoTokenizer.from_pretrained(self.model_dir)
+            self._model = AutoModelForCausalLM.from_pretrained(self.model_dir)
+        tok, model = self._tok, self._model
+        if getattr(tok, "chat_template", None):
+            ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                          return_tensors="pt")
+        else:
+            ids = tok(prompt, return_tensors="pt").input_ids
+        out = model.generate(ids, do_sample=True, temperature=1.0, max_new_tokens=self.max_new_tokens)
+        return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+def filter_by_value(tasks: list[dict], values: list[tuple[float, float, float]], low: float, high: float
+                    ) -> tuple[list[dict], list[dict]]:
+    """Split tasks into (kept, dropped) by V = min(p1, p2) in [low, high]; annotate each with its values."""
+    kept, dropped = [], []
+    for t, (v, p1, p2) in zip(tasks, values):
+        t = dict(t, critic_value=float(v), critic_p1=float(p1), critic_p2=float(p2))
+        (kept if low <= v <= high else dropped).append(t)
+    return kept, dropped

@@ -1,0 +1,260 @@
+"""The rollout engine: many episodes at once over a browser pool, one batched policy call per round.
+
+Contract:
+
+* ``n_envs`` workers each own a ``WebEnv`` (slot i -> browser process i // contexts_per_browser) and take
+  (task, attempt) jobs from a queue;
+* every worker that needs an action puts its prompt (``build_prompt(intent, past_responses, html,
+  cfg.obs_char_budget)``) into a shared batch; the batch goes to ONE ``policy.act(prompts, contexts)`` call
+  as soon as no worker is busy with its browser, or the oldest request has waited ``cfg.batch_wait_s``
+  (one call in flight at a time, so requests that arrive during a call join the next one);
+* episode id = ``<purpose>-p<phase>-<task_id>-s<seed>-a<attempt>-<hash8>`` with attempt = how many times the
+  task appeared earlier in ``tasks``: a re-run writes the same ids (the store overwrites, never duplicates);
+* an episode whose browser/page crashed (or hung past the step watchdog) is retried up to
+  ``cfg.episode_retries`` times on a fresh context (a dead browser is relaunched); after that it is stored
+  with ``status="error"``, ``env_score=None`` and the error text -- never silently scored 0, never lost;
+* each finished episode is written with ``store.write_episode(episode, steps)`` the moment it ends;
+* step rewards: 0 for every step but the last, whose reward is the episode's env_score (0 when None);
+  ``mc_return`` is left None for the learner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+import time
+import traceback
+from typing import Any
+
+from webrl_core.agent_api import StepContext
+from webrl_core.env.actions import is_crash
+from webrl_core.env.browser import BrowserPool
+from webrl_core.env.web_env import EnvCrash, WebEnv
+from webrl_core.prompts import build_prompt
+
+
+class PolicyError(RuntimeError):
+    """The policy failed or returned a malformed batch; the rollout stops (finished episodes are stored)."""
+
+
+def episode_id_for(task_id: Any, phase: int, purpose: str, seed: int, attempt: int) -> str:
+    raw = f"{task_id}|{phase}|{purpose}|{seed}|{attempt}"
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(task_id))[:60]
+    return f"{purpose}-p{phase}-{safe}-s{seed}-a{attempt}-{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
+
+
+class _Batcher:
+    """Collects action requests from workers and serves them with one policy call per batch."""
+
+    def __init__(self, policy, wait_s: float) -> None:
+        self.policy, self.wait_s = policy, wait_s
+        self.pending: list[tuple[str, StepContext, asyncio.Future, float]] = []
+        self.busy = 0
+        self.closed = False
+        self.batch_sizes: list[int] = []
+        self._wake = asyncio.Event()
+
+    def enter(self) -> None:
+        self.busy += 1
+
+    def leave(self) -> None:
+        self.busy -= 1
+        self._wake.set()
+
+    async def request(self, prompt: str, ctx: StepContext) -> str:
+        fut = asyncio.get_running_loop().create_future()
+        self.pending.append((prompt, ctx, fut, time.perf_counter()))
+        self.leave()
+        try:
+            return await fut
+        finally:
+            self.enter()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            if self.closed and not self.pending:
+                return
+            now = time.perf_counter()
+            if self.pending and (self.busy <= 0 or now - self.pending[0][3] >= self.wait_s or self.closed):
+                batch, self.pending = self.pending, []
+                self.batch_sizes.append(len(batch))
+                try:
+                    out = await self.policy.act([b[0] for b in batch], [b[1] for b in batch])
+                    if not isinstance(out, list) or len(out) != len(batch):
+                        raise PolicyError(f"policy {getattr(self.policy, 'policy_id', self.policy)!r} returned "
+                                          f"{len(out) if isinstance(out, list) else type(out).__name__} responses "
+                                          f"for {len(batch)} prompts")
+                except Exception as e:
+                    err = e if isinstance(e, PolicyError) else PolicyError(f"policy.act failed: {e!r}")
+                    for b in batch:
+                        if not b[2].done():
+                            b[2].set_exception(err)
+                    continue
+                for b, resp in zip(batch, out):
+                    if not b[2].done():
+                        b[2].set_result(resp if isinstance(resp, str) else str(resp))
+                continue
+            self._wake.clear()
+            timeout = None
+            if self.pending:
+                timeout = max(0.0, self.wait_s - (now - self.pending[0][3]))
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+
+async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batcher, cfg,
+                       steps: list[dict], timing: dict) -> dict:
+    """One attempt. Appends step dicts to ``steps`` as it goes; returns the episode fields it knows."""
+    watchdog = (cfg.settle_timeout_ms + 3 * cfg.action_timeout_ms) / 1000 + 30
+    t = time.perf_counter()
+    obs = await asyncio.wait_for(env.reset(task, episode_id), watchdog)
+    timing["env_s"] += time.perf_counter() - t
+    intent = env.task.get("intent", "")
+    past: list[str] = []
+    done = False
+    while not done:
+        idx = len(past)
+        prompt = build_prompt(intent, past, obs.html, cfg.obs_char_budget)
+        ctx = StepContext(task=env.task, html=obs.html, url=obs.url, step=idx, past_responses=list(past),
+                          episode_id=episode_id)
+        t = time.perf_counter()
+        response = await batcher.request(prompt, ctx)
+        policy_s = time.perf_counter() - t
+        timing["policy_s"] += policy_s
+        t = time.perf_counter()
+        new_obs, done, info = await asyncio.wait_for(env.step(response), watchdog)
+        timing["env_s"] += time.perf_counter() - t
+        steps.append({"episode_id": episode_id, "idx": idx, "prompt": prompt, "html": obs.html,
+                      "response": response, "action": info["action"], "url": obs.url, "reward": 0.0,
+                      "done": bool(done), "mc_return": None, "policy_s": policy_s,
+                      "action_s": info["action_s"], "obs_s": info["obs_s"], "error": info["error"]})
+        past.append(response)
+        obs = new_obs
+    t = time.perf_counter()
+    score = await asyncio.wait_for(env.evaluate(), watchdog)
+    timing["env_s"] += time.perf_counter() - t
+    return {"status": env.status, "final_answer": env.answer, "env_score": score, "intent": intent,
+            "final_html": obs.html, "final_url": obs.url, "blocked_urls": list(env.blocked_urls),
+            "site_state": dict(env.site_state)}
+
+
+async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, store=None, phase: int = 0,
+                  purpose: str = "rollout", policy_id: str | None = None, seed: int = 0,
+                  progress: bool = True, judge=None, pool: BrowserPool | None = None) -> list[dict]:
+    """Run every task once (duplicates = more samples) and return episode dicts (each with a ``steps`` list)."""
+    policy_id = policy_id or getattr(policy, "policy_id", type(policy).__name__)
+    seen: dict[str, int] = {}
+    jobs: asyncio.Queue = asyncio.Queue()
+    for task in tasks:
+        if "task_id" not in task:
+            raise ValueError(f"task has no task_id: {str(task)[:200]}")
+        tid = str(task["task_id"])
+        jobs.put_nowait((task, seen.get(tid, 0)))
+        seen[tid] = seen.get(tid, 0) + 1
+    n_workers = max(1, min(n_envs, len(tasks)))
+    own_pool = pool is None
+    pool = pool or BrowserPool(cfg)
+    await pool.start()
+    batcher = _Batcher(policy, cfg.batch_wait_s)
+    episodes: list[dict] = []
+    bar = _Progress(len(tasks), progress)
+
+    async def worker(slot: int) -> None:
+        env = WebEnv(pool, cfg, hooks, slot=slot, judge=judge)
+        batcher.enter()
+        try:
+            while not jobs.empty():
+                task, attempt = jobs.get_nowait()
+                ep = await _episode_with_retries(env, task, attempt)
+                episodes.append(ep)
+                if store is not None:
+                    store.write_episode({k: v for k, v in ep.items() if k in _EPISODE_KEYS}, ep["steps"])
+                bar.advance(ep)
+        finally:
+            batcher.leave()
+            await env.close()
+
+    async def _episode_with_retries(env: WebEnv, task: dict, attempt: int) -> dict:
+        eid = episode_id_for(task["task_id"], phase, purpose, seed, attempt)
+        sites = task.get("sites") or []
+        base = {"episode_id": eid, "task_id": str(task["task_id"]), "phase": phase, "policy_id": policy_id,
+                "purpose": purpose, "intent": task.get("intent", ""), "site": "+".join(sites), "seed": seed}
+        error = None
+        started = time.time()
+        t0 = time.perf_counter()
+        steps: list[dict] = []
+        timing = {"policy_s": 0.0, "env_s": 0.0}
+        for _try in range(cfg.episode_retries + 1):
+            steps, timing = [], {"policy_s": 0.0, "env_s": 0.0}
+            try:
+                out = await _run_episode(env, task, eid, batcher, cfg, steps, timing)
+            except PolicyError:
+                raise
+            except Exception as e:  # crash, hang or a bug in the site: retry on a fresh context
+                crashed = isinstance(e, (EnvCrash, asyncio.TimeoutError)) or is_crash(e)
+                error = f"{'crash' if crashed else 'error'} on try {_try + 1}: {type(e).__name__}: {e}"
+                error += "\n" + "".join(traceback.format_exception(e)[-3:])
+                await env.close()
+                continue
+            score = out["env_score"]
+            if steps:
+                steps[-1]["reward"] = float(score or 0.0)
+            return {**base, **out, "intent": out["intent"] or base["intent"],
+                    "orm_score": None, "success": None if score is None else bool(score > 0),
+                    "n_steps": len(steps), "started_at": started, "wall_s": time.perf_counter() - t0,
+                    "policy_s": timing["policy_s"], "env_s": timing["env_s"], "error": None,
+                    "retries": _try, "steps": steps}
+        return {**base, "status": "error", "final_answer": None, "env_score": None, "orm_score": None,
+                "success": None, "n_steps": len(steps), "started_at": started, "wall_s": time.perf_counter() - t0,
+                "policy_s": timing["policy_s"], "env_s": timing["env_s"], "error": error,
+                "retries": cfg.episode_retries, "steps": steps}
+
+    dispatcher = asyncio.create_task(batcher.run())
+    try:
+        await asyncio.gather(*(worker(i) for i in range(n_workers)))
+    finally:
+        batcher.close()
+        await dispatcher
+        bar.close()
+        if own_pool:
+            await pool.close()
+    return episodes  # in finishing order
+
+
+_EPISODE_KEYS = ("episode_id", "task_id", "phase", "policy_id", "purpose", "status", "final_answer", "env_score",
+                 "orm_score", "success", "n_steps", "started_at", "wall_s", "policy_s", "env_s", "error", "intent",
+                 "site", "seed")
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.bar = None
+        self.ok = self.done = 0
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            self.bar = Progress(TextColumn("[bold]rollout"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.description}"), TimeElapsedColumn(), transient=False)
+            self.bar.start()
+            self.task = self.bar.add_task("", total=total)
+
+    def advance(self, ep: dict) -> None:
+        self.done += 1
+        self.ok += bool(ep.get("success"))
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, description=f"success {self.ok}/{self.done}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def run_rollout(tasks: list[dict], policy, n_envs: int, **kwargs) -> list[dict]:
+    """Synchronous wrapper of ``rollout`` (starts its own event loop)."""
+    return asyncio.run(rollout(tasks, policy, n_envs, **kwargs))

@@ -1,0 +1,162 @@
+"""Results people look at: the per-site success table (bootstrap vs each phase, like the paper's Table 1),
+plots (success per site across phases, losses, curriculum funnel), and their publication to MLflow.
+
+Inputs are files the stages wrote: ``eval/phase=k.json`` (per-site counts) and ``reports/phase=k.json``
+(the phase's metrics). Success rate per site = successes / episodes on the held-out test set.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SITES = ("reddit", "gitlab", "shopping_admin", "map", "shopping")
+SITE_TITLES = {"reddit": "Reddit", "gitlab": "GitLab", "shopping_admin": "CMS", "map": "Map", "shopping": "OSS"}
+
+
+def _phases(run_dir: str | Path, kind: str) -> list[tuple[int, dict]]:
+    out = []
+    for p in sorted((Path(run_dir) / kind).glob("phase=*.json"), key=lambda p: int(p.stem.split("=")[1])):
+        out.append((int(p.stem.split("=")[1]), json.loads(p.read_text())))
+    return out
+
+
+def results_table(run_dir: str | Path) -> list[dict]:
+    """[{phase, label, <site>: rate, avg: rate, n}] from the evaluations of a run."""
+    rows = []
+    for phase, ev in _phases(run_dir, "eval"):
+        row = {"phase": phase, "label": "SFT (bootstrap)" if phase == 0 else f"WebRL phase {phase}"}
+        for site in SITES:
+            v = ev["sites"].get(site)
+            row[site] = v["success"] / v["n"] if v and v["n"] else None
+        row["avg"] = ev["success_rate"]
+        row["n"] = ev["total"]["n"]
+        rows.append(row)
+    return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = "| model | " + " | ".join(SITE_TITLES[s] for s in SITES) + " | Avg | tasks |"
+    lines = [head, "|" + "---|" * (len(SITES) + 3)]
+    for r in rows:
+        cells = [f"{100 * r[s]:.1f}" if r[s] is not None else "-" for s in SITES]
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + f" | {100 * r['avg']:.1f} | {r['n']} |")
+    return "\n".join(lines)
+
+
+def plot_success(run_dir: str | Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results_table(run_dir)
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["phase"] for r in rows]
+    for s in SITES:
+        ys = [100 * r[s] if r[s] is not None else float("nan") for r in rows]
+        ax.plot(xs, ys, marker="o", label=SITE_TITLES[s])
+    ax.plot(xs, [100 * r["avg"] for r in rows], marker="s", color="black", linewidth=2, label="Avg")
+    ax.set_xlabel("phase (0 = SFT bootstrap)")
+    ax.set_ylabel("test success rate (%)")
+    ax.set_xticks(xs)
+    ax.legend(fontsize=8)
+    ax.set_title("Success per site across phases")
+    out = Path(run_dir) / "plots" / "success_per_site.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_funnel_and_losses(run_dir: str | Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reps = [(k, m) for k, m in _phases(run_dir, "reports") if k > 0]
+    if not reps:
+        return []
+    out_dir = Path(run_dir) / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    stages = [("generated", "generated"), ("kept_by_critic", "kept by critic"), ("kept_by_review", "kept by review"),
+              ("rollout_episodes", "rolled out"), ("orm_success_rate", "ORM successes")]
+    width = 0.8 / max(1, len(reps))
+    for i, (k, m) in enumerate(reps):
+        vals = [m.get(key, 0) * (m.get("rollout_episodes", 0) if key == "orm_success_rate" else 1) for key, _ in stages]
+        ax.bar([j + i * width for j in range(len(stages))], vals, width, label=f"phase {k}")
+    ax.set_xticks([j + width * (len(reps) - 1) / 2 for j in range(len(stages))], [l for _, l in stages], fontsize=8)
+    ax.set_ylabel("tasks")
+    ax.set_title("Curriculum funnel")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "curriculum_funnel.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("critic_train_loss", "critic loss"), ("actor_train_loss", "actor loss")):
+        xs = [k for k, m in reps if key in m]
+        if xs:
+            ax.plot(xs, [m[key] for k, m in reps if key in m], marker="o", label=label)
+    ax.set_xlabel("phase")
+    ax.set_ylabel("final training loss")
+    ax.set_title("Training losses per phase")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "losses.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def write_summary(run_dir: str | Path) -> Path:
+    rows = results_table(run_dir)
+    out = Path(run_dir) / "summary.md"
+    out.write_text("# WebRL run summary\n\nTest-set success rate (%) per site:\n\n" + markdown_table(rows) + "\n")
+    return out
+
+
+def publish_phase(run_dir: str | Path, phase: int, metrics: dict, actor_ref=None) -> str:
+    """Write the phase's metrics, plots and trajectory viewer; log them to the active MLflow run. Returns markdown."""
+    from webrl_core import tracking
+    from webrl_core.store import TrajectoryStore
+
+    rep = Path(run_dir) / "reports" / f"phase={phase}.json"
+    rep.parent.mkdir(parents=True, exist_ok=True)
+    rep.write_text(json.dumps(metrics, indent=1, sort_keys=True, default=str))
+    paths = [p for p in [plot_success(run_dir), *plot_funnel_and_losses(run_dir)] if p]
+    for p in paths:
+        tracking.log_artifact(p, "plots")
+    viewer = None
+    try:
+        from webrl_core.viewer import write_viewer
+
+        viewer = write_viewer(TrajectoryStore(run_dir), Path(run_dir) / "viewer", phase=phase)
+        tracking.log_artifact(Path(viewer).parent if Path(viewer).is_file() else viewer, f"viewer/phase={phase}")
+    except ImportError:
+        pass
+    if actor_ref is not None:
+        _register_model(actor_ref.path, phase)
+    md = (f"# WebRL phase {phase}\n\n" + markdown_table(results_table(run_dir)) + "\n\n"
+          + "\n".join(f"- **{k}**: {v:.4g}" if isinstance(v, float) else f"- **{k}**: {v}" for k, v in
+                      sorted(metrics.items())) + (f"\n\nTrajectory viewer: `{viewer}`\n" if viewer else ""))
+    return md
+
+
+def _register_model(path: str, phase: int) -> None:
+    import mlflow
+
+    run = mlflow.active_run()
+    if run is None:
+        return
+    mlflow.log_artifacts(path, artifact_path="actor")
+    try:
+        mlflow.register_model(f"runs:/{run.info.run_id}/actor", "webrl-actor", tags={"phase": str(phase)})
+    except Exception as e:  # registry unavailable on some tracking servers; the artifact is still logged
+        print(f"model registry: {e}")

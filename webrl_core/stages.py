@@ -1,0 +1,515 @@
+"""The stages of WebRL's phase loop (webrl_spec.md §1, Algorithm 1), as plain functions.
+
+Each stage takes the resolved settings, the run directory, the phase and content-addressed references
+(``ArtifactRef``) to its inputs, writes its outputs under the run directory, and returns references to
+them (plus small metrics). ``tasks/`` wraps each one as a cached Prefect task; nothing here imports Prefect.
+
+Phase 0 (bootstrap, embedded default): oracle demonstrations -> tokenizer -> SFT actor -> SFT rollouts
+(+ random-policy rollouts) labelled by the sites' evaluators -> ORM training -> critic initialisation.
+Phase k >= 1: generate tasks from phase k-1's failures -> critic filter -> materialise -> rollouts ->
+ORM labels -> transitions -> perplexity replay -> critic update -> actor update (reference = actor k-1)
+-> evaluation on the held-out test set.
+
+Run directory layout: ``tasks/phase=k/*.json``, ``data/phase=k/*``, ``models/phase=k/{actor,critic,orm}``,
+``store/``, ``eval/phase=k.json``, ``mlflow.db``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from webrl_core.artifacts import ArtifactRef, read_json, write_json
+from webrl_core.config import WebRLSettings
+from webrl_core.store import TrajectoryStore
+
+SITES5 = ("shopping", "shopping_admin", "reddit", "gitlab", "map")
+
+
+# ----------------------------------------------------------------------------------------- plumbing
+def phase_dir(run_dir: str | Path, kind: str, phase: int) -> Path:
+    p = Path(run_dir) / kind / f"phase={phase}"
+    p.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+@contextlib.contextmanager
+def site_session(settings: WebRLSettings) -> Iterator[Any]:
+    """Site hooks for the run: our embedded sites (started here) or real WebArena URLs."""
+    if settings.sites.mode == "webarena":
+        from webrl_core.env.browser import WebArenaHooks
+
+        yield WebArenaHooks(settings.sites.urls, auth_dir=settings.sites.auth_dir)
+        return
+    from webrl_core.sites import EmbeddedSites
+
+    sites = EmbeddedSites(data_seed=settings.sites.data_seed, host=settings.sites.host)
+    sites.start()
+    try:
+        yield sites
+    finally:
+        sites.stop()
+
+
+def make_policy(settings: WebRLSettings, actor_dir: str | None, temperature: float, purpose: str):
+    """The action policy of a rollout: oracle/random (scripted), in-process HF model, or an OpenAI-compatible server."""
+    backend = settings.policy.backend if purpose not in ("oracle", "random") else purpose
+    if backend == "oracle":
+        from webrl_core.sites import OraclePolicy
+
+        return OraclePolicy()
+    if backend == "random":
+        from webrl_core.env.scripted import RandomPolicy
+
+        return RandomPolicy(seed=settings.run.seed)
+    if backend == "openai":
+        from webrl_core.policy import OpenAIPolicy
+
+        return OpenAIPolicy(settings.policy.base_url, settings.policy.model_name, cfg=settings.policy,
+                            temperature=temperature)
+    from webrl_core.policy import HFPolicy
+
+    return HFPolicy(actor_dir, settings.policy, settings.models, temperature=temperature,
+                    policy_id=f"{Path(actor_dir).parent.name}/{Path(actor_dir).name}@T{temperature:g}",
+                    style=settings.prompt.style)
+
+
+def stratified(tasks: list[dict], n: int | None) -> list[dict]:
+    """Every k-th task per site so a subset keeps the per-site mix."""
+    if n is None or n >= len(tasks):
+        return tasks
+    by_site: dict[str, list[dict]] = {}
+    for t in tasks:
+        by_site.setdefault(t["sites"][0], []).append(t)
+    out: list[dict] = []
+    i = 0
+    while len(out) < n:
+        for site in sorted(by_site):
+            if i < len(by_site[site]) and len(out) < n:
+                out.append(by_site[site][i])
+        i += 1
+    return out
+
+
+# ----------------------------------------------------------------------------------------- task sets
+def train_task_pool(settings: WebRLSettings, run_dir: str, n: int, seed_offset: int, name: str) -> ArtifactRef:
+    """Sample n tasks from the embedded training families (deterministic from the run seed)."""
+    from webrl_core.env.webarena import to_task_row
+    from webrl_core.sites import train_tasks
+
+    tasks = train_tasks(n, seed=settings.run.seed * 1000 + seed_offset)
+    TrajectoryStore(run_dir).write_tasks(
+        [to_task_row(t, 0, "train", family=t.get("family")) for t in tasks])
+    return write_json(tasks, phase_dir(run_dir, "tasks", 0) / f"{name}.json")
+
+
+def test_task_set(settings: WebRLSettings, run_dir: str) -> ArtifactRef:
+    """The held-out test set: the embedded one, or a WebArena-Lite raw file with URLs substituted."""
+    from webrl_core.env.webarena import to_task_row
+
+    if settings.eval.test_set == "embedded":
+        from webrl_core.sites import test_set
+
+        tasks = test_set()
+    else:
+        from webrl_core.env.webarena import load_webarena_tasks
+
+        tasks = load_webarena_tasks(settings.eval.test_set, settings.sites.urls or None)
+    tasks = stratified(tasks, settings.eval.max_tasks)
+    TrajectoryStore(run_dir).write_tasks([to_task_row(t, 0, "test", family=t.get("family")) for t in tasks])
+    return write_json(tasks, Path(run_dir) / "tasks" / "test.json")
+
+
+# ----------------------------------------------------------------------------------------- rollouts
+def rollout(settings: WebRLSettings, run_dir: str, phase: int, purpose: str, tasks_ref: ArtifactRef,
+            actor_ref: ArtifactRef | None, temperature: float, shard: int = 0, n_shards: int = 1) -> dict:
+    """Roll out a shard of a task set; every finished episode goes to the store as it ends.
+
+    Resumable: tasks whose episode (same deterministic id) is already stored without error are skipped,
+    so a killed rollout re-run loses at most the episodes that were in flight and duplicates nothing."""
+    from webrl_core.env.rollout import episode_id_for, run_rollout
+
+    tasks = read_json(tasks_ref)[shard::n_shards]
+    store = TrajectoryStore(run_dir)
+    seed = settings.run.seed
+    done = {e["episode_id"] for e in store.episodes(phase) if e["status"] != "error"}
+    todo = [t for t in tasks if episode_id_for(t, phase, purpose, seed, 0) not in done]
+    if todo:
+        policy = make_policy(settings, actor_ref.path if actor_ref else None, temperature, purpose)
+        with site_session(settings) as hooks:
+            run_rollout(todo, policy, settings.env.n_envs, cfg=settings.env, hooks=hooks, store=store, phase=phase,
+                        purpose=purpose, seed=seed, progress=True)
+    ids = sorted(episode_id_for(t, phase, purpose, seed, 0) for t in tasks)
+    rows = {e["episode_id"]: e for e in store.episodes(phase)}
+    got = [rows[i] for i in ids if i in rows]
+    return {"episode_ids": [e["episode_id"] for e in got], "n": len(got),
+            "env_success": sum(1 for e in got if (e.get("env_score") or 0) >= 1.0),
+            "errors": sum(1 for e in got if e["status"] == "error"), "skipped_existing": len(tasks) - len(todo)}
+
+
+def merge_rollouts(shards: list[dict]) -> dict:
+    ids = sorted(i for s in shards for i in s["episode_ids"])
+    return {"episode_ids": ids, "n": len(ids), "env_success": sum(s["env_success"] for s in shards),
+            "errors": sum(s["errors"] for s in shards)}
+
+
+def _episodes_with_steps(store: TrajectoryStore, ids: list[str]) -> tuple[list[dict], dict[str, list[dict]]]:
+    eps = [e for e in store.sql("SELECT * FROM episodes WHERE episode_id IN (SELECT unnest($ids)) ORDER BY episode_id",
+                                {"ids": ids}) if e["status"] != "error"]
+    by_ep: dict[str, list[dict]] = {}
+    for s in store.steps(episode_ids=[e["episode_id"] for e in eps]):
+        by_ep.setdefault(s["episode_id"], []).append(s)
+    return eps, by_ep
+
+
+def label_with_env(run_dir: str, rollouts: dict) -> dict:
+    """Bootstrap labels: the sites' own evaluators (success iff env_score >= 1)."""
+    store = TrajectoryStore(run_dir)
+    eps, _ = _episodes_with_steps(store, rollouts["episode_ids"])
+    store.update_episodes([{"episode_id": e["episode_id"], "success": (e.get("env_score") or 0) >= 1.0} for e in eps])
+    n_ok = sum(1 for e in eps if (e.get("env_score") or 0) >= 1.0)
+    return {"n": len(eps), "success_rate": n_ok / max(1, len(eps))}
+
+
+# ----------------------------------------------------------------------------------------- models (phase 0)
+def build_tokenizer(settings: WebRLSettings, run_dir: str, demos: dict) -> ArtifactRef:
+    """Byte-level BPE on the run's own corpus: demo prompts/actions and ORM prompts."""
+    from webrl_core.models import train_embedded_tokenizer
+    from webrl_core.prompts import build_orm_prompt
+
+    store = TrajectoryStore(run_dir)
+    eps, by_ep = _episodes_with_steps(store, demos["episode_ids"])
+    texts = []
+    for e in eps:
+        steps = by_ep.get(e["episode_id"], [])
+        texts += [s["prompt"] + s["response"] for s in steps]
+        if steps:
+            texts.append(build_orm_prompt(e["intent"], [s["response"] for s in steps], steps[-1]["html"] or "",
+                                          settings.orm.max_html_chars) + "YES NO")
+    out = Path(run_dir) / "models" / "tokenizer"
+    train_embedded_tokenizer(texts, settings.models.embedded.vocab_size, out)
+    return ArtifactRef.of(out, "model")
+
+
+def sft_actor(settings: WebRLSettings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
+    """Create the embedded model and fine-tune it on successful oracle demonstrations (completion-only loss)."""
+    from webrl_core.models import build_embedded_model
+    from webrl_core.training import sft_train
+
+    store = TrajectoryStore(run_dir)
+    eps, by_ep = _episodes_with_steps(store, demos["episode_ids"])
+    pairs = [(s["prompt"], s["response"]) for e in eps if (e.get("env_score") or 0) >= 1.0
+             for s in by_ep.get(e["episode_id"], [])]
+    base = Path(run_dir) / "models" / "phase=0" / "init"
+    build_embedded_model(tokenizer_ref.path, settings.models.embedded, base, seed=settings.run.seed)
+    out = Path(run_dir) / "models" / "phase=0" / "actor"
+    metrics = sft_train(pairs, base, out, settings)
+    return ArtifactRef.of(out, "model"), {"sft_pairs": len(pairs), **_numeric(metrics)}
+
+
+def train_orm_stage(settings: WebRLSettings, run_dir: str, rollouts: list[dict], base_ref: ArtifactRef
+                    ) -> tuple[ArtifactRef, dict]:
+    """ORM = SFT of the actor's backbone on (ORM prompt, YES/NO) labelled by the sites' evaluators."""
+    from webrl_core.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples, train_orm
+
+    store = TrajectoryStore(run_dir)
+    ids = sorted({i for r in rollouts for i in r["episode_ids"]})
+    eps, by_ep = _episodes_with_steps(store, ids)
+    labels = {e["episode_id"]: (e.get("env_score") or 0) >= 1.0 for e in eps}
+    examples = orm_examples_from_episodes(eps, by_ep, labels, settings.orm.max_html_chars)
+    train, held = split_examples(examples, settings.orm.eval_fraction, seed=settings.run.seed)
+    out = Path(run_dir) / "models" / "phase=0" / "orm"
+    train_orm(train, base_ref.path, out, settings.orm, settings.models, seed=settings.run.seed)
+    metrics = evaluate_orm(OrmScorer(out, settings.orm, settings.models), held) if held else {}
+    metrics = {f"orm_heldout_{k}": v for k, v in _numeric(metrics).items()}
+    metrics.update(orm_train_examples=len(train), orm_heldout_examples=len(held),
+                   orm_positive_share=sum(labels.values()) / max(1, len(labels)))
+    return ArtifactRef.of(out, "model"), metrics
+
+
+def init_critic(settings: WebRLSettings, run_dir: str, actor_ref: ArtifactRef) -> ArtifactRef:
+    """Critic = SFT backbone + two fresh heads (trained from phase 1 on)."""
+    from webrl_core.critic import Critic
+
+    out = Path(run_dir) / "models" / "phase=0" / "critic"
+    Critic.from_backbone(actor_ref.path, settings.models).save(out)
+    return ArtifactRef.of(out, "model")
+
+
+# ----------------------------------------------------------------------------------------- curriculum
+def generate_tasks(settings: WebRLSettings, run_dir: str, phase: int, seed_purpose: str) -> tuple[ArtifactRef, dict]:
+    """In-breadth evolving from phase k-1's failed tasks; de-duplicated against every earlier task."""
+    from webrl_core.curriculum import ChatGenerator, EmbeddedGenerator, HFGenerator, dedupe
+
+    store = TrajectoryStore(run_dir)
+    prev = phase - 1
+    failed = store.sql("""SELECT DISTINCT e.site, e.task_id, e.intent, t.config_json FROM episodes e
+                          JOIN tasks t USING (task_id) WHERE e.phase = $p AND e.purpose = $pur AND e.success = false
+                          ORDER BY e.site, e.task_id""", {"p": prev, "pur": seed_purpose})
+    by_site: dict[str, list[dict]] = {}
+    for r in failed:
+        by_site.setdefault(r["site"], []).append({"task_id": r["task_id"], "intent": r["intent"],
+                                                   "config": json.loads(r["config_json"])})
+    cur = settings.curriculum
+    if cur.generator == "embedded":
+        from webrl_core.sites import vary_task
+
+        gen = EmbeddedGenerator(vary_task)
+    elif cur.generator == "openai":
+        import os
+
+        gen = ChatGenerator(cur.base_url, cur.model_name, os.environ.get(settings.policy.api_key_env),
+                            cur.generation_turns, cur.seed_num)
+    else:
+        gen = HFGenerator(cur.base_url or "", cur.model_name, None, cur.generation_turns, cur.seed_num,
+                          model_dir=cur.hf_model or "")
+    rng = random.Random(settings.run.seed * 7919 + phase)
+    # over-generate so the filter can still keep tasks_per_phase
+    n_per_site = max(1, (2 * cur.tasks_per_phase) // max(1, len(by_site))) if by_site else 0
+    cands = gen.generate(by_site, rng, n_per_site)
+    seen = [r["intent"] for r in store.sql("SELECT intent FROM tasks")]
+    cands = dedupe(cands, seen)
+    for i, c in enumerate(cands):
+        c["task_id"] = f"p{phase}-g{i:04d}"
+    per_site = _count_sites(cands)
+    ref = write_json(cands, phase_dir(run_dir, "tasks", phase) / "generated.json")
+    return ref, {"seed_failed": len(failed), "generated": len(cands), **{f"generated_{k}": v for k, v in per_site.items()}}
+
+
+def start_page_html(settings: WebRLSettings, tasks: list[dict]) -> dict[str, str]:
+    """Simplified HTML of each distinct start URL (the Round-0 observation the critic scores)."""
+    from webrl_core.env.rollout import observe_start_pages
+
+    urls = sorted({t["start_url"] for t in tasks})
+    with site_session(settings) as hooks:
+        return asyncio.run(observe_start_pages(urls, cfg=settings.env, hooks=hooks))
+
+
+def filter_tasks(settings: WebRLSettings, run_dir: str, phase: int, candidates_ref: ArtifactRef,
+                 critic_ref: ArtifactRef | None, trained_critic: bool, orm_ref: ArtifactRef | None
+                 ) -> tuple[ArtifactRef, dict]:
+    """Keep tasks whose value on the Round-0 start-page prompt lies in [filter_low, filter_high]."""
+    from webrl_core.curriculum import filter_by_value
+    from webrl_core.prompts import build_orm_prompt, round0_prompt
+
+    cands = read_json(candidates_ref)
+    cc = settings.critic
+    how = "critic"
+    if not cands:
+        kept, dropped = [], []
+    elif trained_critic and critic_ref is not None:
+        from webrl_core.critic import Critic
+
+        pages = start_page_html(settings, cands)
+        prompts = [round0_prompt(t["intent"], pages.get(t["start_url"], ""), settings.env.obs_char_budget) for t in cands]
+        critic = Critic.load(critic_ref.path, settings.models)
+        v, p1, p2 = critic.values(prompts, batch_size=cc.batch_size)
+        kept, dropped = filter_by_value(cands, list(zip(v.tolist(), p1.tolist(), p2.tolist())), cc.filter_low,
+                                        cc.filter_high)
+    elif settings.curriculum.phase1_filter == "orm" and orm_ref is not None:
+        from webrl_core.orm import OrmScorer
+
+        how = "orm"
+        pages = start_page_html(settings, cands)
+        scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
+        p = scorer.p_yes([build_orm_prompt(t["intent"], [], pages.get(t["start_url"], ""), settings.orm.max_html_chars)
+                          for t in cands])
+        kept, dropped = filter_by_value(cands, [(x, x, x) for x in p], cc.filter_low, cc.filter_high)
+    else:
+        how = "skip (no trained critic in phase 1)"
+        kept, dropped = list(cands), []
+    rng = random.Random(settings.run.seed * 31 + phase)
+    rng.shuffle(kept)
+    kept = sorted(kept[: settings.curriculum.tasks_per_phase], key=lambda t: t["task_id"])
+    ref = write_json(kept, phase_dir(run_dir, "tasks", phase) / "filtered.json")
+    return ref, {"filter": how, "candidates": len(cands), "kept_by_critic": len(kept), "dropped": len(dropped),
+                 **{f"kept_{k}": v for k, v in _count_sites(kept).items()}}
+
+
+def materialise_tasks(run_dir: str, phase: int, tasks_ref: ArtifactRef) -> ArtifactRef:
+    """Record the phase's tasks in the store and write one WebArena-Lite config per task."""
+    from webrl_core.env.webarena import to_task_row
+
+    tasks = read_json(tasks_ref)
+    folder = phase_dir(run_dir, "tasks", phase) / "configs"
+    folder.mkdir(parents=True, exist_ok=True)
+    for t in tasks:
+        (folder / f"{t['task_id']}.json").write_text(json.dumps(t, indent=1))
+    TrajectoryStore(run_dir).write_tasks([to_task_row(t, phase, "generated", t.get("parent_task_id"), t.get("family"))
+                                          for t in tasks])
+    return write_json(tasks, phase_dir(run_dir, "tasks", phase) / "tasks.json")
+
+
+# ----------------------------------------------------------------------------------------- labels and data
+def orm_label(settings: WebRLSettings, run_dir: str, phase: int, rollouts: dict, orm_ref: ArtifactRef) -> dict:
+    """ORM P(YES) for every episode; success iff P(YES) >= threshold. Agreement with the sites' evaluators."""
+    from webrl_core.orm import OrmScorer, orm_prompt_for_episode
+
+    store = TrajectoryStore(run_dir)
+    eps, by_ep = _episodes_with_steps(store, rollouts["episode_ids"])
+    eps = [e for e in eps if by_ep.get(e["episode_id"])]
+    scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
+    p = scorer.p_yes([orm_prompt_for_episode(e, by_ep[e["episode_id"]], settings.orm.max_html_chars) for e in eps])
+    thr = settings.orm.threshold
+    store.update_episodes([{"episode_id": e["episode_id"], "orm_score": float(x), "success": bool(x >= thr)}
+                           for e, x in zip(eps, p)])
+    store.write_scores([{"kind": "orm_p_yes", "episode_id": e["episode_id"], "phase": phase, "value": float(x),
+                         "model_id": orm_ref.sha256[:12]} for e, x in zip(eps, p)])
+    truth = [(e.get("env_score") or 0) >= 1.0 for e in eps]
+    pred = [x >= thr for x in p]
+    tp = sum(a and b for a, b in zip(pred, truth))
+    fp = sum(a and not b for a, b in zip(pred, truth))
+    fn = sum(b and not a for a, b in zip(pred, truth))
+    n = len(eps)
+    return {"episodes": n, "orm_success_rate": sum(pred) / max(1, n), "env_success_rate": sum(truth) / max(1, n),
+            "orm_accuracy": sum(a == b for a, b in zip(pred, truth)) / max(1, n),
+            "orm_precision": tp / max(1, tp + fp), "orm_recall": tp / max(1, tp + fn)}
+
+
+def build_samples(settings: WebRLSettings, run_dir: str, phase: int, rollouts: dict) -> tuple[ArtifactRef, dict]:
+    """Step-level transitions of the phase's labelled episodes (official stage 1)."""
+    from webrl_core.transitions import build_transitions
+
+    store = TrajectoryStore(run_dir)
+    eps, by_ep = _episodes_with_steps(store, rollouts["episode_ids"])
+    samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
+    ref = _write_jsonl(samples, phase_dir(run_dir, "data", phase) / "samples.jsonl")
+    return ref, {"samples": len(samples), "positive_samples": sum(1 for s in samples if s["trajectory_reward"] > 0)}
+
+
+def select_replay(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: ArtifactRef,
+                  samples_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
+    """Successful steps of phases < k with 1/PPL (phase-start actor) in (low, high], capped at ratio x new steps."""
+    rc = settings.replay
+    n_current = len(_read_jsonl(samples_ref))
+    out = phase_dir(run_dir, "data", phase) / "replay.jsonl"
+    if not rc.enabled:
+        return _write_jsonl([], out), {"replay_candidates": 0, "replay_kept": 0}
+    from webrl_core.models import load_causal_lm, load_tokenizer
+    from webrl_core.replay import score_replay
+    from webrl_core.transitions import build_transitions
+
+    store = TrajectoryStore(run_dir)
+    rows = store.successful_steps(before_phase=phase)
+    ids = sorted({r["episode_id"] for r in rows})
+    eps, by_ep = _episodes_with_steps(store, ids)
+    cands = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
+    model = load_causal_lm(actor_ref.path, settings.models)
+    tok = load_tokenizer(actor_ref.path)
+    kept = score_replay(cands, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
+                        max_length=settings.models.max_length, batch_size=rc.batch_size, seed=settings.run.seed)
+    ref = _write_jsonl(kept, out)
+    return ref, {"replay_candidates": len(cands), "replay_kept": len(kept)}
+
+
+# ----------------------------------------------------------------------------------------- training
+def train_critic_stage(settings: WebRLSettings, run_dir: str, phase: int, samples_ref: ArtifactRef,
+                       replay_ref: ArtifactRef, backbone_ref: ArtifactRef, prev_critic_ref: ArtifactRef
+                       ) -> tuple[ArtifactRef, dict]:
+    from webrl_core.training import train_critic
+
+    samples = _read_jsonl(samples_ref) + _read_jsonl(replay_ref)
+    out = Path(run_dir) / "models" / f"phase={phase}" / "critic"
+    metrics = train_critic(samples, backbone_ref.path, out, settings, resume=prev_critic_ref.path)
+    return ArtifactRef.of(out, "model"), _numeric(metrics)
+
+
+def train_actor_stage(settings: WebRLSettings, run_dir: str, phase: int, samples_ref: ArtifactRef,
+                      replay_ref: ArtifactRef, actor_ref: ArtifactRef, critic_ref: ArtifactRef
+                      ) -> tuple[ArtifactRef, dict]:
+    from webrl_core.training import train_actor
+
+    samples = _read_jsonl(samples_ref) + _read_jsonl(replay_ref)
+    out = Path(run_dir) / "models" / f"phase={phase}" / "actor"
+    metrics = train_actor(samples, actor_ref.path, out, settings, critic_dir=critic_ref.path)
+    return ArtifactRef.of(out, "model"), _numeric(metrics)
+
+
+# ----------------------------------------------------------------------------------------- evaluation
+def evaluate(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: ArtifactRef | None,
+             test_ref: ArtifactRef, purpose: str = "eval") -> tuple[ArtifactRef, dict]:
+    """Roll out the actor on the test set at eval temperature; per-site success from the sites' evaluators."""
+    r = rollout(settings, run_dir, phase, purpose, test_ref, actor_ref, settings.policy.eval_temperature)
+    store = TrajectoryStore(run_dir)
+    eps = store.sql("SELECT site, env_score, status FROM episodes WHERE episode_id IN (SELECT unnest($ids))",
+                    {"ids": r["episode_ids"]})
+    table: dict[str, dict] = {}
+    for e in eps:
+        row = table.setdefault(e["site"], {"n": 0, "success": 0, "errors": 0})
+        row["n"] += 1
+        row["success"] += int((e["env_score"] or 0) >= 1.0)
+        row["errors"] += int(e["status"] == "error")
+    total = {"n": sum(v["n"] for v in table.values()), "success": sum(v["success"] for v in table.values()),
+             "errors": sum(v["errors"] for v in table.values())}
+    result = {"phase": phase, "sites": table, "total": total,
+              "success_rate": total["success"] / max(1, total["n"]), "actor": actor_ref.path if actor_ref else purpose}
+    ref = write_json(result, Path(run_dir) / "eval" / f"phase={phase}.json")
+    metrics = {"test_success_rate": result["success_rate"],
+               **{f"test_success_{s}": v["success"] / max(1, v["n"]) for s, v in table.items()}}
+    return ref, metrics
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def _numeric(d: dict | None) -> dict[str, float]:
+    return {k: float(v) for k, v in (d or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _count_sites(tasks: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in tasks:
+        out[t["sites"][0]] = out.get(t["sites"][0], 0) + 1
+    return out
+
+
+def _write_jsonl(rows: list[dict], path: Path) -> ArtifactRef:
+    import os
+
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+    return ArtifactRef.of(path, "dataset")
+
+
+def _read_jsonl(ref: ArtifactRef) -> list[dict]:
+    with open(ref.path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def timed(fn, *a, **kw) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    out = fn(*a, **kw)
+    return out, time.perf_counter() - t0
+
+
+def run_identity(run_dir: str | Path) -> str:
+    """A UUID stored in the run dir; part of every cache key, so a re-created run dir never reuses stale results."""
+    import uuid
+
+    p = Path(run_dir) / ".run-id"
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(uuid.uuid4().hex)
+    return p.read_text().strip()
+
+
+def model_ref(run_dir: str | Path, phase: int, name: str) -> ArtifactRef:
+    p = Path(run_dir) / "models" / f"phase={phase}" / name
+    if not p.exists():
+        raise FileNotFoundError(f"{p} does not exist: run phase {phase} (or the bootstrap) first")
+    return ArtifactRef.of(p, "model")
+
+
+def labelled_state(run_dir: str | Path, phase: int) -> str:
+    """Digest of a phase's episode labels (the seeds of the next generation)."""
+    import hashlib
+
+    rows = TrajectoryStore(run_dir).sql(
+        "SELECT episode_id, success FROM episodes WHERE phase = $p ORDER BY episode_id", {"p": phase})
+    return hashlib.sha256(json.dumps(rows, default=str).encode()).hexdigest()

@@ -120,3 +120,23 @@ def evaluate(config: str = typer.Option("demo", help="config"), model: str = typ
     for site, v in sorted(ev["sites"].items()):
         typer.echo(f"{site:15s} {v['success']:4d}/{v['n']:<4d} {100 * v['success'] / max(1, v['n']):5.1f}%")
     typer.echo(f"{'total':15s} {ev['total']['success']:4d}/{ev['total']['n']:<4d} {100 * ev['success_rate']:5.1f}%")
+
+
+@app.command("reproduce")
+def reproduce(run_dir: str = typer.Argument(..., help="run directory of a finished run"),
+              phase: int = typer.Option(..., help="phase to re-run (>= 1)"),
+              rollouts: bool = typer.Option(False, "--rollouts", help="also redo the rollouts (slow; sampling differs)")):
+    """Re-run a phase from its recorded artifacts and report whether the outputs match."""
+    import json
+
+    from webrl_core.reproduce import reproduce_phase
+
+    prefect_env(str(Path(run_dir).resolve().parent))
+    rep = reproduce_phase(run_dir, phase, redo_rollouts=rollouts)
+    for name, v in rep["outputs"].items():
+        extra = f" (max |dw| = {v['max_abs_weight_diff']:.3g})" if "max_abs_weight_diff" in v else ""
+        typer.echo(f"{name:8s} {'MATCH' if v['match'] else 'DIFFERS'}{extra}")
+    if "rollouts" in rep:
+        typer.echo(f"rollouts: {json.dumps(rep['rollouts'])}")
+    typer.echo("all outputs match" if rep["all_match"] else "some outputs differ (see above)")
+    raise typer.Exit(0 if rep["all_match"] else 1)

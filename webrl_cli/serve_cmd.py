@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -29,3 +30,31 @@ def serve_mlflow(run_dir: str = typer.Option("runs/demo", help="run directory wh
     except KeyboardInterrupt:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+@app.command("prefect")
+def serve_prefect(port: int = typer.Option(4200, help="Prefect server port on 127.0.0.1"),
+                  home: str = typer.Option("runs/.prefect", help="PREFECT_HOME (server DB, logs)"),
+                  run_root: str = typer.Option("runs", help="where runs and cached task results live")):
+    """Prefect server + process work pool + deployments (infra/prefect.yaml) + a worker; Ctrl-C stops them (workers first)."""
+    from webrl_cli.prefect_stack import PrefectStack
+
+    stack = PrefectStack(home, port, run_root=run_root)
+    try:
+        typer.echo("starting the Prefect server ...")
+        stack.start_server()
+        typer.echo("deploying webrl-phase/default and webrl-train/demo to pool webrl-pool ...")
+        stack.deploy()
+        stack.start_worker()
+        typer.echo(f"Prefect UI: http://127.0.0.1:{port}\n"
+                   f"run a phase: PREFECT_API_URL={stack.api} prefect deployment run 'webrl-phase/default' --param phase=2\n"
+                   "Ctrl-C stops the worker, then the server.")
+        while True:
+            time.sleep(1)
+            if stack.server.poll() is not None:
+                typer.echo("the server exited", err=True)
+                break
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()

@@ -79,7 +79,7 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
     """Export a phase's trajectories (official stage-1 record format or JSON lines)."""
     import json
 
-    from webrl_core.transitions import build_trajectories, export_official
+    from webrl_core.transitions import episode_transitions, export_official
 
     store = _store(run_dir)
     episodes = [e for e in store.episodes(phase) if e["status"] != "error"]
@@ -90,14 +90,19 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
     ext = "pt" if format == "webrl-pt" else "jsonl"
     path = Path(out or Path(run_dir) / "export" / f"phase={phase}.{ext}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    trajs = build_trajectories(episodes, steps, gamma=gamma)
+    by_ep: dict[str, list[dict]] = {}
+    for s in steps:
+        by_ep.setdefault(s["episode_id"], []).append(s)
+    pairs = [(e, by_ep[e["episode_id"]]) for e in episodes
+             if by_ep.get(e["episode_id"]) and any(e.get(k) is not None for k in ("success", "orm_score", "env_score"))]
     if format == "webrl-pt":
-        export_official(trajs, path)
-    else:
-        with open(path, "w") as fh:
-            for tr in trajs:
-                fh.write(json.dumps(tr, default=str) + "\n")
-    typer.echo(f"wrote {len(trajs)} trajectories ({sum(len(t) for t in trajs)} steps) to {path}")
+        stage1, filt = export_official(pairs, path, gamma=gamma)
+        typer.echo(f"wrote {len(pairs)} trajectories to {stage1} and the flat step list to {filt}")
+        return
+    with open(path, "w") as fh:
+        for e, st in pairs:
+            fh.write(json.dumps({"episode": e, "steps": episode_transitions(e, st, gamma)}, default=str) + "\n")
+    typer.echo(f"wrote {len(pairs)} trajectories ({sum(len(st) for _, st in pairs)} steps) to {path}")
 
 
 @app.command("import-traces")

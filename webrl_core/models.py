@@ -87,7 +87,11 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
         return model
     model.train()
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # transformers 5 renamed it (the old name warns); keep both for older versions
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if cfg.lora.enabled:
         if cfg.gradient_checkpointing:  # inputs must require grad for checkpointed frozen embeddings
@@ -175,10 +179,11 @@ def prompt_token_ids(tok, prompt: str) -> list[int]:
     return ids
 
 
-def truncate_prompt_ids(ids: list[int], room: int, eot_id: int | None) -> list[int]:
+def truncate_prompt_ids(ids: list[int], room: int, eot_id: int | None, tok=None) -> list[int]:
     """Cut the observation so the prompt fits ``room`` tokens: drop the end of the text before the last
-    ``<|eot_id|>`` (the end of the current HTML) and keep the assistant header after it. Without an
-    ``<|eot_id|>`` keep the first part and the last min(32, room/4) tokens."""
+    ``<|eot_id|>`` (the end of the current HTML) and keep the assistant header after it, together with the
+    whitespace tokens just before it (the "\n\n" separator) when ``tok`` is given. Without an ``<|eot_id|>``
+    keep the first part and the last min(32, room/4) tokens."""
     if len(ids) <= room:
         return ids
     split = None
@@ -186,6 +191,12 @@ def truncate_prompt_ids(ids: list[int], room: int, eot_id: int | None) -> list[i
         for i in range(len(ids) - 1, -1, -1):
             if ids[i] == eot_id:
                 split = i
+                break
+    if split is not None and tok is not None:
+        for _ in range(4):
+            if split > 1 and not tok.decode([ids[split - 1]]).strip():
+                split -= 1
+            else:
                 break
     tail_len = len(ids) - split if split is not None else min(32, room // 4)
     if tail_len > room:
@@ -201,7 +212,7 @@ def encode_prompt_action(tok, prompt: str, action: str, max_length: int) -> dict
     room = max_length - len(action_ids)
     if room < 1:
         raise ValueError(f"action of {len(action_ids)} tokens does not fit models.max_length={max_length}")
-    p_ids = truncate_prompt_ids(prompt_token_ids(tok, prompt), room, eot_token_id(tok))
+    p_ids = truncate_prompt_ids(prompt_token_ids(tok, prompt), room, eot_token_id(tok), tok)
     input_ids = p_ids + action_ids
     return {
         "input_ids": input_ids,
@@ -213,7 +224,7 @@ def encode_prompt_action(tok, prompt: str, action: str, max_length: int) -> dict
 
 def encode_prompt(tok, prompt: str, max_length: int) -> list[int]:
     """Prompt ids alone, cut like ``encode_prompt_action`` does (generation, ORM, critic inputs)."""
-    return truncate_prompt_ids(prompt_token_ids(tok, prompt), max_length, eot_token_id(tok))
+    return truncate_prompt_ids(prompt_token_ids(tok, prompt), max_length, eot_token_id(tok), tok)
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 
@@ -45,6 +45,13 @@ def test_must_include_or_alternatives():
     assert ok == 1.0 and [d["score"] for d in det] == [1.0, 1.0]
     bad, det = run(ev.evaluate_string_match(task, "It was Darjeeling with 12 units"))
     assert bad == 0.0 and det[0]["score"] == 0.0 and det[1]["score"] == 1.0
+
+
+def test_must_include_bare_string_is_one_item():
+    # WebArena-Lite task 81 stores must_include as a string; VAB's assert would crash on it
+    task = {"intent": "", "eval": {"reference_answers": {"must_include": "yjlou"}}}
+    assert run(ev.evaluate_string_match(task, "The user is yjlou."))[0] == 1.0
+    assert run(ev.evaluate_string_match(task, "The user is yjlou2"))[0] == 0.0
 
 
 def test_must_include_single_token_rule():
@@ -244,6 +251,15 @@ class _SiteHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if urlparse(self.path).path == "/rest/default/V1/integration/admin/token" and body == {
+                "username": "admin", "password": "admin1234"}:
+            self._send(json.dumps("tok-123"), "application/json")
+        else:
+            self.send_response(401)
+            self.end_headers()
+
     def do_GET(self):
         path = urlparse(self.path).path
         s = SITE_STATE
@@ -263,6 +279,20 @@ class _SiteHandler(BaseHTTPRequestHandler):
                        "{document.querySelector('#data').textContent = t}), 100))</script>")
         elif path == "/api":
             self._send(s.get("api_text", "loaded-by-xhr"), "text/plain")
+        elif path == "/project/members":
+            rows = "".join(f"<tr><td data-label='Account'><span class='gl-avatar-labeled-sublabel'>@{u}</span></td>"
+                           f"<td class='col-max-role'><span>{r}</span></td></tr>" for u, r in s["members"])
+            self._send(f"<table>{rows}</table>")
+        elif path == "/rest/V1/orders":
+            q = parse_qs(urlparse(self.path).query)
+            assert q["searchCriteria[sortOrders][0][direction]"] == ["DESC"]
+            if self.headers.get("Authorization") != "Bearer tok-123":
+                self.send_response(401)
+                self.end_headers()
+                return
+            self._send(json.dumps({"items": [{"increment_id": "000000190"}]}), "application/json")
+        elif path == "/sales/order/view/order_id/190/":
+            self._send("<div class='order-details-items ordered'>Teapot B x1</div>")
         elif path == "/notes":
             self._send("<p>Tea &amp; cake &lt;b&gt;</p>")
         else:
@@ -302,7 +332,8 @@ def browser_loop():
 @pytest.fixture(autouse=True)
 def _reset_site_state():
     SITE_STATE.clear()
-    SITE_STATE.update(post_title="Raised beds for beginners", wishlist=["Teapot B"], stock=5)
+    SITE_STATE.update(post_title="Raised beds for beginners", wishlist=["Teapot B"], stock=5,
+                      members=[("pat", "Owner"), ("byteblaze", "Developer")])
 
 
 def evaluate_at(browser_loop, url: str, task: dict, answer=None, helpers=None, judge=None):
@@ -418,3 +449,38 @@ def test_string_and_url_combine_by_product(site, browser_loop, judge):
     bad = copy.deepcopy(task)
     bad["eval"]["program_html"][0]["required_contents"]["fuzzy_match"] = ["coffee"]
     assert evaluate_at(browser_loop, f"{base}/notes", bad, judge=judge).score == 0.0
+
+
+def test_webarena_helpers_latest_order_and_gitlab_role(site, browser_loop):
+    base, _ = site
+    order = _html_task("func:shopping_get_latest_order_url()",
+                       "document.querySelector('.order-details-items.ordered').outerText", {"must_include": ["Teapot B"]})
+    res = evaluate_at(browser_loop, f"{base}/", order, helpers=ev.webarena_site_helpers({"shopping": base}))
+    assert res.score == 1.0 and res.details[0]["url"] == f"{base}/sales/order/view/order_id/190/"
+    import httpx
+    with pytest.raises(httpx.HTTPStatusError):  # a site/infra failure is raised, not scored as an agent failure
+        evaluate_at(browser_loop, f"{base}/", order,
+                    helpers=ev.webarena_site_helpers({"shopping": base}, admin_password="wrong"))
+    role = _html_task(f"{base}/project/members", "func:gitlab_get_project_memeber_role(__page__, 'byteblaze')",
+                      {"exact_match": "Developer"})
+    assert evaluate_at(browser_loop, f"{base}/", role).score == 1.0
+    SITE_STATE["members"] = [("byteblaze", "Guest")]
+    assert evaluate_at(browser_loop, f"{base}/", role).score == 0.0
+
+
+def test_placeholders_substituted_by_urls_or_rejected(site, browser_loop):
+    base, _ = site
+    raw = {t["task_id"]: t for t in json.loads(FIXTURE.read_text())}
+    with pytest.raises(ValueError, match="placeholder"):
+        evaluate_at(browser_loop, f"{base}/search?query=Eastbrook", raw[6], answer="yes")
+    loop, browser = browser_loop
+
+    async def go():
+        page = await browser.new_page()
+        try:
+            await page.goto(f"{base}/search?query=Eastbrook")
+            return await ev.evaluate_task(raw[6], page, "Yes", urls={"map": base, "wikipedia": base})
+        finally:
+            await page.close()
+
+    assert loop.run_until_complete(go()).score == 1.0

@@ -81,7 +81,7 @@ BAD = [
      "field 'eval.eval_types': unknown eval type 'page_image_query'"),
     ("unknown reference key", lambda t: t[0]["eval"]["reference_answers"].update(contains=["x"]),
      "field 'eval.reference_answers.contains': unknown key"),
-    ("must_include not a list", lambda t: t[0]["eval"]["reference_answers"].update(must_include="Earl Grey"),
+    ("must_include not a list", lambda t: t[0]["eval"]["reference_answers"].update(must_include=3),
      "field 'eval.reference_answers.must_include': expected a list of str"),
     ("program_html shape", lambda t: t[4]["eval"]["program_html"][0].pop("locator"),
      "task #4 (task_id=4): field 'eval.program_html[0].locator': expected str, got null"),

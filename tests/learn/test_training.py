@@ -122,8 +122,8 @@ def _per_token_logp(model_dir, samples, settings):
 
 
 def _settings(*extra):
-    return load_config(sets=["models.device=cpu", "models.max_length=256", "actor.batch_size=4", "actor.lr=0.01",
-                             "actor.epochs=15", *extra])
+    return load_config(sets=["models.device=cpu", "models.max_length=256", "actor.batch_size=4", "actor.lr=0.003",
+                             "actor.epochs=10", *extra])
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
@@ -137,13 +137,15 @@ def test_official_loss_raises_positive_actions_with_bounded_kl(tiny, tmp_path, a
     after = _per_token_logp(tmp_path / "a", samples, settings)
     ratio = (after - before).mean().item()
     assert ratio > 0.3, ratio  # the actions' log-prob rose
-    # the KL-constrained target is A / beta = 1 nat per token (beta = 1 here, ref_prob << 0.8): it stops there
-    assert ratio < 1.6, ratio
+    # the KL-constrained target is A / beta = 1 nat per token (beta = 1 here, ref_prob << 0.8); the loss and its
+    # gradient are exactly 0 beyond it, only AdamW's momentum carries it a little further (measured ~1.6 at
+    # 15 and at 30 epochs with lr 3e-3, while plain SFT reached 5.2 and 5.8)
+    assert ratio < 2.0, ratio
     if arch == "llama":  # the ablation without KL keeps pushing on the same data and budget
         train_actor(samples, tiny[arch], tmp_path / "sft", _settings("actor.kl=false"),
                     critic_dir=tiny[f"critic_{arch}"], progress=False)
         sft_ratio = (_per_token_logp(tmp_path / "sft", samples, settings) - before).mean().item()
-        assert sft_ratio > ratio + 0.5, (sft_ratio, ratio)
+        assert sft_ratio > ratio + 1.0, (sft_ratio, ratio)
 
 
 def test_lora_paper_loss_and_saved_folders(tiny, tmp_path):
@@ -157,7 +159,10 @@ def test_lora_paper_loss_and_saved_folders(tiny, tmp_path):
     assert (tmp_path / "a" / "model.safetensors").exists()  # merged full weights
     before = _per_token_logp(tiny["llama"], samples, settings)
     after = _per_token_logp(tmp_path / "a", samples, settings)
-    assert (after - before).mean().item() > 0.1
+    n = torch.tensor([r["n_action"] for r in encode_samples(load_tokenizer(tiny["llama"]), samples, 256)])
+    seq_ratio = ((after - before) * n).mean().item()
+    # Eq. 6 fits beta * sum-log-ratio to A (|A| <= 1 here, beta = 0.5): up, but not beyond about A / beta
+    assert 0.2 < seq_ratio < 3.0, seq_ratio
 
 
 def test_sft_bootstrap_learns_the_actions(tiny, tmp_path):

@@ -176,11 +176,51 @@ async def get_query_text_lowercase(page, selector: str) -> str:
     return (await get_query_text(page, selector)).lower()
 
 
-def default_helpers() -> dict[str, Callable]:
-    """The site-independent helpers of the WebArena harness. Site-specific ones (Magento REST, Postmill comment
-    trees, GitLab members) need the real sites and are added by the caller under their WebArena names."""
-    return {"reddit_get_post_url": reddit_get_post_url, "get_query_text": get_query_text,
-            "get_query_text_lowercase": get_query_text_lowercase}
+async def gitlab_get_project_memeber_role(page, account_name: str) -> str:
+    """Role shown for ``@account_name`` on a GitLab project members page, "" if absent (VAB name, typo included)."""
+    script = """(name) => {
+        const accounts = [...document.querySelectorAll("td[data-label='Account'] span.gl-avatar-labeled-sublabel")];
+        const i = accounts.findIndex(e => e.outerText === '@' + name);
+        const roles = document.querySelectorAll("td.col-max-role span");
+        return i >= 0 && roles[i] ? roles[i].outerText : "";
+    }"""
+    try:
+        return await page.evaluate(script, account_name) or ""
+    except Exception:
+        return ""
+
+
+def webarena_site_helpers(urls: dict[str, str], admin_username: str = "admin", admin_password: str = "admin1234",
+                          timeout_s: float = 30.0) -> dict[str, Callable]:
+    """Helpers that talk to the sites themselves. ``shopping_get_latest_order_url`` asks Magento's REST API (with
+    WebArena's built-in admin account) for the newest order; the evaluator needs network access to the site."""
+    shopping = urls.get("shopping", "").rstrip("/")
+
+    async def shopping_get_latest_order_url() -> str:
+        if not shopping:
+            raise ValueError("shopping_get_latest_order_url needs a 'shopping' site URL")
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            r = await client.post(f"{shopping}/rest/default/V1/integration/admin/token",
+                                  json={"username": admin_username, "password": admin_password})
+            r.raise_for_status()
+            params = {"searchCriteria[sortOrders][0][field]": "created_at",
+                      "searchCriteria[sortOrders][0][direction]": "DESC", "searchCriteria[pageSize]": "1"}
+            r = await client.get(f"{shopping}/rest/V1/orders", params=params,
+                                 headers={"Authorization": f"Bearer {r.json()}"})
+            r.raise_for_status()
+            order_id = int(r.json()["items"][0]["increment_id"])
+        return f"{shopping}/sales/order/view/order_id/{order_id}/"
+
+    return {"shopping_get_latest_order_url": shopping_get_latest_order_url}
+
+
+def default_helpers(urls: dict[str, str] | None = None) -> dict[str, Callable]:
+    """The helpers WebArena-Lite's ``func:`` targets use (reddit_get_post_url, gitlab_get_project_memeber_role,
+    shopping_get_latest_order_url) plus get_query_text[_lowercase]; the shopping one only when ``urls`` are given."""
+    helpers = {"reddit_get_post_url": reddit_get_post_url, "get_query_text": get_query_text,
+               "get_query_text_lowercase": get_query_text_lowercase,
+               "gitlab_get_project_memeber_role": gitlab_get_project_memeber_role}
+    return helpers | (webarena_site_helpers(urls) if urls else {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +296,7 @@ Task: {intent}
 Reference answer: {reference}
 Predicted answer: {prediction}
 The predicted answer may be phrased differently, but it must state the same facts as the reference answer.
+"N/A" in either answer means the task is not achievable.
 Is the predicted answer correct, incorrect or partially correct? Reply with one of: correct, incorrect, partially correct."""
 
 _UA_PROMPT = """A web agent reported that a task cannot be completed.
@@ -486,7 +527,7 @@ async def evaluate_program_html(task: dict, page, helpers: dict | None = None, j
         url = target["url"]
         if url.startswith("func:"):
             url = str(await call_helper(url, helpers, page=page, last_url=final_url))
-        if "__" in url and re.search(r"__[A-Z_]+__", url):
+        if _PLACEHOLDER.search(url):
             raise ValueError(f"program_html[{idx}].url {url!r} still holds a placeholder; substitute site URLs first")
         nav_error = None
         if url != "last":
@@ -515,13 +556,24 @@ async def evaluate_program_html(task: dict, page, helpers: dict | None = None, j
     return score, [r for idx in sorted(rows) for r in rows[idx]]
 
 
-async def evaluate_task(task: dict, page, answer: str | None, helpers: dict | None = None, judge=None) -> EvalResult:
+_PLACEHOLDER = re.compile(r"__(?:SHOPPING_ADMIN|SHOPPING|REDDIT|GITLAB|MAP|WIKIPEDIA|HOMEPAGE)__")
+
+
+async def evaluate_task(task: dict, page, answer: str | None, helpers: dict | None = None, judge=None,
+                        urls: dict[str, str] | None = None) -> EvalResult:
     """Score a finished episode: the product over ``task['eval']['eval_types']``. ``page`` is the final active
     Playwright (async) page, needed by url_match and program_html; ``answer`` is the STOP action's answer (None if the
     agent never stopped, scored as ""). ``helpers`` maps ``func:`` names to callables (sync or async) and extends
-    :func:`default_helpers`; ``judge`` is an :class:`LLMJudge` (or anything with async ``fuzzy_match`` and
-    ``ua_match``), None for the deterministic fallback."""
+    :func:`default_helpers` (pass ``webarena_site_helpers(urls)`` for shopping_get_latest_order_url); ``judge`` is an :class:`LLMJudge` (or anything with async ``fuzzy_match`` and
+    ``ua_match``), None for the deterministic fallback. ``urls`` ({site: base URL}) substitutes __SHOPPING__-style
+    placeholders first; a placeholder left in a reference URL is an error, never a silent 0."""
+    if urls:
+        from webrl_core.env.webarena import substitute_placeholders  # webarena imports this module
+        task = substitute_placeholders(task, urls)
     ev = task["eval"]
+    if _PLACEHOLDER.search(str(ev.get("reference_url") or "")):
+        raise ValueError(f"task {task.get('task_id')!r}: eval.reference_url {ev['reference_url']!r} holds a site "
+                         f"placeholder; pass urls= or substitute the task first")
     final_url = page.url if page is not None else None
     score, details = 1.0, []
     for etype in ev["eval_types"]:

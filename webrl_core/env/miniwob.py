@@ -104,12 +104,22 @@ class MiniWoBHooks:
 
     async def after_reset(self, page, task: dict, episode_id: str) -> dict:
         seed = int(task.get("miniwob", {}).get("seed", 0))
-        await page.wait_for_function("() => typeof core !== 'undefined' && typeof genProblem === 'function'")
-        await page.evaluate(
-            """([seed, maxTime]) => { Math.seedrandom(seed); core.EPISODE_MAX_TIME = maxTime; core.startEpisodeReal(); }""",
-            [seed, self.episode_max_time_ms])
-        await page.wait_for_function("() => WOB_TASK_READY")
-        return {"intent": await page.evaluate("() => core.getUtterance()")}
+        # one round trip: wait for core.js, seed, start, wait for WOB_TASK_READY, read the utterance
+        intent = await page.evaluate(
+            """async ([seed, maxTime, timeoutMs]) => {
+                const until = async (cond) => {
+                    const t0 = Date.now();
+                    while (!cond()) {
+                        if (Date.now() - t0 > timeoutMs) throw new Error('MiniWoB++ task page did not become ready');
+                        await new Promise((r) => setTimeout(r, 10));
+                    }
+                };
+                await until(() => typeof core !== 'undefined' && typeof genProblem === 'function' && core.cover_div);
+                Math.seedrandom(seed); core.EPISODE_MAX_TIME = maxTime; core.startEpisodeReal();
+                await until(() => WOB_TASK_READY);
+                return core.getUtterance();
+            }""", [seed, self.episode_max_time_ms, 10_000])
+        return {"intent": intent}
 
     async def episode_status(self, page, task: dict) -> dict:
         return await page.evaluate(_STATE_JS)

@@ -239,7 +239,11 @@ class WebEnv:
                 error = (error + "; " if error else "") + \
                     f"navigation to {self._blocked[0]} was blocked (outside the task's websites)"
                 self._blocked = []
+                await self._leave_error_page()
             obs = await self._observe(error)
+            if self._new_pages:  # a tab opened while the page settled (popups arrive asynchronously)
+                self._follow_tabs()
+                obs = await self._observe(error)
             if not done:
                 status_fn = getattr(self.hooks, "episode_status", None)
                 if status_fn is not None:
@@ -261,6 +265,17 @@ class WebEnv:
             self.answer = f"Early stop: reached max_steps={self.cfg.max_steps}"
         info.update(obs_s=obs.obs_s, error=error, status=self.status, answer=self.answer if done else None)
         return obs, done, info
+
+    async def _leave_error_page(self) -> None:
+        """A blocked navigation leaves Chromium's error page: return to where the agent was."""
+        if not self.page.url.startswith("chrome-error://"):
+            return
+        try:
+            await self.page.go_back(wait_until="domcontentloaded")
+        except Exception:
+            pass
+        if self.page.url.startswith("chrome-error://") and self.last_obs is not None:
+            await self.page.goto(self.last_obs.url, wait_until="domcontentloaded")
 
     async def _observe(self, error: str | None) -> Observation:
         obs = await extract(self.page, keep_bbox=self.cfg.keep_bbox, viewport_only=self.cfg.viewport_only,

@@ -37,7 +37,7 @@ _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 class EpisodeDBs:
     """Copy-on-first-request SQLite databases, one per (site, episode)."""
 
-    def __init__(self, template: Path, folder: Path, max_copies: int = 400):
+    def __init__(self, template: Path, folder: Path, max_copies: int = 128):
         self.template = Path(template)
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)

@@ -256,7 +256,7 @@ class _:
 @family("shopping.category_nav", "shopping",
         ["1|Open the {category} category.", "1|Show me the products in the {category} category.",
          "2|Go to page 2 of the {category} category.", "2|Show me the second page of the {category} category."],
-        4, template_key="page")
+        5, template_key="page")
 class _:
     instances = staticmethod(lambda d: [{"category": c["name"], "page": pg} for c in d["shopping"]["categories"]
                                         for pg in (1, 2)])
@@ -300,7 +300,7 @@ class _:
 
 
 @family("shopping.order_status", "shopping", ["What is the status of my order #{number}?",
-                                               "Check the status of order number {number}."], 6)
+                                               "Check the status of order number {number}."], 7)
 class _:
     instances = staticmethod(lambda d: [{"number": o["number"]} for o in d["shopping"]["orders"]])
 
@@ -333,7 +333,7 @@ class _:
         total = f"{p['price'] + (15.0 if inst['express'] == 2 else 5.0):.2f}"
         return {"start_url": "__SHOPPING__", "eval": ev_html(
             ("last", "document.querySelector('#items').outerText", {"must_include": [inst["product"]]}),
-            ("last", "document.querySelector('h1').outerText + ' ' + document.body.outerText.split('Total: ')[1]",
+            ("last", "document.querySelector('h1').outerText + ' ' + document.querySelector('#order-total').outerText",
              {"must_include": ["Order #", total]}))}
 
     @staticmethod
@@ -466,7 +466,7 @@ class _:
 
 
 @family("shopping_admin.customer_nav", "shopping_admin",
-        ["Open the customer page of {name}.", "Show me the account of the customer {name}."], 6)
+        ["Open the customer page of {name}.", "Show me the account of the customer {name}."], 7)
 class _:
     instances = staticmethod(lambda d: [{"name": c["name"]} for c in d["shopping_admin"]["customers"]])
 
@@ -616,7 +616,7 @@ class _:
 
 
 @family("reddit.post_author", "reddit", ["Who posted '{title}' in the {forum} forum?",
-                                         "In f/{forum}, what is the username of the author of '{title}'?"], 4)
+                                         "In f/{forum}, what is the username of the author of '{title}'?"], 5)
 class _:
     instances = staticmethod(lambda d: [{"forum": p["forum"], "title": p["title"]} for p in _front_posts(d)])
 
@@ -657,16 +657,10 @@ class _:
         nxt = _to_post(page, inst["forum"], inst["title"])
         if nxt:
             return nxt
-        if f'data-voted="{inst["dir"]}"' in page.html or (page.step > 0 and page.path.count("/") == 3 and
-                                                           _voted(page, inst["dir"])):
+        if f"You {'up' if inst['dir'] == 1 else 'down'}voted this post" in page.text():
             return finish("Done", "The vote is recorded")
         b = find_element(page.html, "Upvote" if inst["dir"] == 1 else "Downvote", tag="button", exact=True)
         return do("Click", b) if b else scroll_or_fail(page, "no vote button")
-
-
-def _voted(page: PageView, direction: int) -> bool:
-    # the observation drops data-voted; the oracle instead trusts its own last click on this post page
-    return False
 
 
 @family("reddit.comment", "reddit", ["Reply to the post '{title}' in f/{forum} with \"{text}\".",
@@ -690,7 +684,7 @@ class _:
         nxt = _to_post(page, inst["forum"], inst["title"])
         if nxt:
             return nxt
-        if f"MarvelsGrantMan136: {inst['text']}" in page.text():
+        if f"MarvelsGrantMan136: {inst['text']}" in page.text().replace(" :", ":"):
             return finish("Done", "The comment is posted")
         box = field(page, "Write a comment")
         if box is None:
@@ -765,7 +759,7 @@ def _in_project(page: PageView, project: str, menu: str, suffix: str) -> str | N
 
 
 @family("gitlab.open_issue_count", "gitlab", ["How many open issues does the {project} project have?",
-                                              "Count the open issues of {project}."], 6)
+                                              "Count the open issues of {project}."], 7)
 class _:
     instances = staticmethod(lambda d: [{"project": p["name"]} for p in d["gitlab"]["projects"]])
 
@@ -786,7 +780,7 @@ class _:
 
 
 @family("gitlab.mr_nav", "gitlab", ["Open the merge requests of {project}.",
-                                    "Show me the open merge requests in the {project} repository."], 6)
+                                    "Show me the open merge requests in the {project} repository."], 7)
 class _:
     instances = staticmethod(lambda d: [{"project": p["name"]} for p in d["gitlab"]["projects"]])
 
@@ -802,7 +796,7 @@ class _:
 
 
 @family("gitlab.create_issue", "gitlab", ["Create an issue titled '{title}' in the {project} project.",
-                                          "Open a new issue in {project} called '{title}'."], 6)
+                                          "Open a new issue in {project} called '{title}'."], 7)
 class _:
     @staticmethod
     def instances(d):
@@ -871,7 +865,7 @@ class _:
 
 
 @family("gitlab.file_lines", "gitlab", ["How many lines does {path} have in the {project} project?",
-                                        "What is the line count of the file {path} in {project}?"], 6)
+                                        "What is the line count of the file {path} in {project}?"], 7)
 class _:
     @staticmethod
     def instances(d):
@@ -906,7 +900,7 @@ def _to_place(page: PageView, place: str) -> str | None:
 
 
 @family("map.place_address", "map", ["What is the address of {place}?", "Where is {place} located? Give the address."],
-        6)
+        7)
 class _:
     instances = staticmethod(lambda d: [{"place": p["name"]} for p in d["map"]["places"]])
 
@@ -979,12 +973,12 @@ def _directions_oracle(inst, page: PageView, answer_of) -> str:
         return do("Select Dropdown Option", sel, mode_label, "Mode")
     t = page.text()
     if f"{inst['a']} to {inst['b']} by {mode_label}" not in t:
-        return do("Click", button(page, "Go"))
+        return do("Click", button(page, "Get Directions"))
     return finish(answer_of(t), "Read from the route summary")
 
 
 @family("map.distance", "map", ["How far is it from {a} to {b} by {mode}?",
-                                "What is the {mode} distance between {a} and {b}?"], 5)
+                                "What is the {mode} distance between {a} and {b}?"], 6)
 class _:
     instances = staticmethod(lambda d: [{"a": a, "b": b, "mode": m} for a, b in _pairs(d) for m in ("car", "bike")])
 
@@ -999,7 +993,7 @@ class _:
 
 
 @family("map.travel_time", "map", ["How long does it take to {verb} from {a} to {b}?",
-                                   "How many minutes do I need to {verb} from {a} to {b}?"], 5)
+                                   "How many minutes do I need to {verb} from {a} to {b}?"], 6)
 class _:
     instances = staticmethod(lambda d: [{"a": a, "b": b, "mode": m, "verb": MODE_WORDS[m][0]} for a, b in _pairs(d)
                                         for m in ("car", "bike", "foot")])

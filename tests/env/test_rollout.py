@@ -1,0 +1,98 @@
+"""The rollout engine on MiniWoB++ with real Chromium: batching, store writes, deterministic ids, crash recovery."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from conftest import small_cfg
+from webrl_core.env.browser import browser_main_pids
+from webrl_core.env.miniwob import MiniWoBHooks, MiniWoBOracle, miniwob_tasks
+from webrl_core.env.rollout import episode_id_for, rollout
+
+
+class RecordingOracle(MiniWoBOracle):
+    """The MiniWoB oracle that records the size of every batch it is given."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    async def act(self, prompts, contexts=None):
+        self.batches.append(len(prompts))
+        assert all(p.startswith("Task Instruction: ") for p in prompts)
+        return await super().act(prompts, contexts)
+
+
+class KillOnce(MiniWoBOracle):
+    """Kills every Chromium of this process the first time it sees ``victim``'s first step."""
+
+    def __init__(self, victim: str) -> None:
+        self.victim, self.killed = victim, 0
+
+    async def act(self, prompts, contexts=None):
+        for c in contexts:
+            if not self.killed and c.task["task_id"] == self.victim and c.step == 0:
+                for pid in browser_main_pids():
+                    os.kill(pid, signal.SIGKILL)
+                    self.killed += 1
+        return await super().act(prompts, contexts)
+
+
+def test_batching_store_and_idempotent_ids(aloop, miniwob_server, tmp_path):
+    store_mod = pytest.importorskip("webrl_core.store")
+    store = store_mod.TrajectoryStore(tmp_path / "run")
+    tasks = miniwob_tasks(["click-button", "enter-text"], 3, seed=7)
+    pol = RecordingOracle()
+    cfg = small_cfg(batch_wait_s=5.0)  # wait for every env: batches are as full as possible
+    eps = aloop.run(rollout(tasks, pol, 3, cfg=cfg, hooks=MiniWoBHooks(miniwob_server), store=store, phase=2,
+                            purpose="eval", seed=7, progress=False))
+    assert len(eps) == 6 and all(e["success"] for e in eps)
+    n_steps = sum(e["n_steps"] for e in eps)
+    assert sum(pol.batches) == n_steps and max(pol.batches) == 3  # one call serves every waiting env
+    assert len(pol.batches) < n_steps
+    for e in eps:
+        assert e["episode_id"] == episode_id_for(e["task_id"], 2, "eval", 7, 0)
+        assert e["steps"][-1]["done"] and e["steps"][-1]["reward"] == 1.0 and e["env_score"] == 1.0
+        assert all(s["prompt"].endswith("<|end_header_id|>\n") for s in e["steps"])
+        assert e["policy_s"] >= 0 and e["env_s"] > 0 and e["intent"]
+    stored = store.episodes(phase=2)
+    assert sorted(r["episode_id"] for r in stored) == sorted(e["episode_id"] for e in eps)
+    assert len(store.steps(phase=2)) == n_steps
+    # a re-run writes the same ids: nothing is duplicated
+    aloop.run(rollout(tasks, MiniWoBOracle(), 2, cfg=cfg, hooks=MiniWoBHooks(miniwob_server), store=store,
+                      phase=2, purpose="eval", seed=7, progress=False))
+    assert len(store.episodes(phase=2)) == 6
+    # the same task twice = two attempts with distinct ids
+    twice = [tasks[0], tasks[0]]
+    eps2 = aloop.run(rollout(twice, MiniWoBOracle(), 2, cfg=cfg, hooks=MiniWoBHooks(miniwob_server),
+                             progress=False))
+    assert len({e["episode_id"] for e in eps2}) == 2
+
+
+def test_browser_crash_is_retried(aloop, miniwob_server, tmp_path):
+    tasks = miniwob_tasks(["click-button"], 3, seed=11)
+    pol = KillOnce(tasks[1]["task_id"])
+    cfg = small_cfg(episode_retries=1)
+    eps = aloop.run(rollout(tasks, pol, 1, cfg=cfg, hooks=MiniWoBHooks(miniwob_server), progress=False))
+    assert pol.killed >= 1
+    by_id = {e["task_id"]: e for e in eps}
+    assert len(eps) == 3 and all(e["status"] == "done" and e["success"] for e in eps)
+    assert by_id[tasks[1]["task_id"]]["retries"] == 1 and by_id[tasks[0]["task_id"]]["retries"] == 0
+
+
+def test_browser_crash_without_retries_is_stored_as_error(aloop, miniwob_server, tmp_path):
+    store_mod = pytest.importorskip("webrl_core.store")
+    store = store_mod.TrajectoryStore(tmp_path / "run")
+    tasks = miniwob_tasks(["click-button"], 2, seed=12)
+    pol = KillOnce(tasks[0]["task_id"])
+    eps = aloop.run(rollout(tasks, pol, 1, cfg=small_cfg(episode_retries=0), hooks=MiniWoBHooks(miniwob_server),
+                            store=store, progress=False))
+    by_id = {e["task_id"]: e for e in eps}
+    bad = by_id[tasks[0]["task_id"]]
+    assert bad["status"] == "error" and bad["env_score"] is None and bad["success"] is None
+    assert "crash" in bad["error"]
+    assert by_id[tasks[1]["task_id"]]["status"] == "done"  # the next episode runs on a relaunched browser
+    rows = {r["episode_id"]: r for r in store.episodes()}
+    assert rows[bad["episode_id"]]["status"] == "error" and "crash" in rows[bad["episode_id"]]["error"]

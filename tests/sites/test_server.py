@@ -1,0 +1,99 @@
+"""Site start-up/shutdown, pages, logins and per-episode isolation with real Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+
+from webrl_core.config import load_config
+from webrl_core.sites.server import EmbeddedSites
+
+PAGES = {
+    "shopping": ["/", "/search?q=kettle", "/category/toys", "/product/5", "/cart", "/orders"],
+    "shopping_admin": ["/", "/products?q=luma", "/product/3/edit", "/orders", "/customers", "/reports?month=2023-03"],
+    "reddit": ["/", "/forums", "/f/books", "/submit", "/search?q=tips"],
+    "gitlab": ["/", "/explore?q=api", "/byteblaze/api-gateway", "/byteblaze/api-gateway/-/issues",
+               "/byteblaze/api-gateway/-/project_members", "/byteblaze/api-gateway/-/blob/main/README.md"],
+    "map": ["/", "/search?q=cafe", "/place/3", "/directions?from=Maple&to=Cedar&mode=foot"],
+}
+
+
+def test_start_pages_and_shutdown_frees_ports():
+    s = EmbeddedSites(data_seed=0).start()
+    ports = [int(u.rsplit(":", 1)[1]) for u in s.urls.values()]
+    assert len(set(ports)) == 5 and all(u.startswith("http://127.0.0.1:") for u in s.urls.values())
+    assert set(s.url_map()) == {"__SHOPPING__", "__SHOPPING_ADMIN__", "__REDDIT__", "__GITLAB__", "__MAP__"}
+    for site, paths in PAGES.items():
+        cookies = {c["name"]: c["value"] for c in s.login_cookies([site], "t-pages")}
+        with httpx.Client(base_url=s.urls[site], cookies=cookies) as c:
+            for p in paths:
+                r = c.get(p)
+                assert r.status_code == 200, (site, p, r.status_code)
+        if site != "map":  # anonymous: login page (forum pages are public, its writes are not)
+            r = httpx.get(s.urls[site] + ("/submit" if site == "reddit" else "/"))
+            assert r.status_code == 303 and "/login" in r.headers["location"]
+    workdir = s.workdir
+    s.stop()
+    assert not workdir.exists()
+    for port in ports:  # the port is free again: we can bind it
+        with socket.socket() as k:
+            k.bind(("127.0.0.1", port))
+
+
+def test_login_form_and_bad_password(sites):
+    with httpx.Client(base_url=sites.urls["gitlab"]) as c:
+        bad = c.post("/login", data={"username": "byteblaze", "password": "nope"})
+        assert bad.status_code == 401 and "Invalid" in bad.text
+        ok = c.post("/login", data={"username": "byteblaze", "password": "hello1234", "next": "/"})
+        assert ok.status_code == 303
+        assert "Your projects" in c.get("/").text
+
+
+def test_non_loopback_host_is_refused():
+    with pytest.raises(ValueError, match="loopback"):
+        EmbeddedSites(host="0.0.0.0")
+
+
+async def _edit_price(sites, browser, episode: str, price: str) -> str:
+    ctx = await browser.new_context()
+    await sites.prepare_context(ctx, {"sites": ["shopping_admin"], "require_login": True}, episode)
+    page = await ctx.new_page()
+    await page.goto(sites.urls["shopping_admin"] + "/product/7/edit")
+    await page.fill("#price", price)
+    await page.click("button[type=submit]")
+    await page.wait_for_url("**saved=1")
+    await asyncio.sleep(0.2)  # let the other episode write too before we read back
+    await page.goto(sites.urls["shopping_admin"] + "/product/7/edit")
+    value = await page.input_value("#price")
+    await ctx.close()
+    return value
+
+
+def test_concurrent_episodes_are_isolated(sites):
+    from playwright.async_api import async_playwright
+
+    cfg = load_config().env
+
+    async def main():
+        async with async_playwright() as pw:
+            from webrl_core.env.browser import CHROMIUM_ARGS
+            browser = await pw.chromium.launch(executable_path=cfg.chromium_path, args=CHROMIUM_ARGS)
+            a, b = await asyncio.gather(_edit_price(sites, browser, "iso-a", "10.49"),
+                                        _edit_price(sites, browser, "iso-b", "99.49"))
+            fresh = await browser.new_context()
+            await sites.prepare_context(fresh, {"sites": ["shopping_admin"]}, "iso-c")
+            page = await fresh.new_page()
+            await page.goto(sites.urls["shopping_admin"] + "/product/7/edit")
+            seeded = await page.input_value("#price")
+            await browser.close()
+            return a, b, seeded
+
+    a, b, seeded = asyncio.run(main())
+    assert (a, b) == ("10.49", "99.49")
+    assert seeded not in (a, b)
+    sites.end_episode("iso-a")
+    assert not sites.kits["shopping_admin"].dbs.path("iso-a").exists()
+    assert sites.kits["shopping_admin"].dbs.path("iso-b").exists()

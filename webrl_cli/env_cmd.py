@@ -1,0 +1,136 @@
+"""`webrl env ...`: run the agent loop on MiniWoB++ with scripted policies, or play a page by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(no_args_is_help=True)
+
+
+def _env_cfg(config: str | None, sets: list[str]):
+    from webrl_core.config import load_config
+    return load_config(config, sets=sets or ()).env
+
+
+@app.command("miniwob")
+def miniwob_cmd(
+    tasks: str = typer.Option("click-button,click-link,enter-text,click-checkboxes,focus-text",
+                              help="comma-separated MiniWoB++ task names"),
+    policy: str = typer.Option("oracle", help="oracle | random"),
+    episodes: int = typer.Option(5, min=1, help="seeds per task"),
+    n_envs: int = typer.Option(4, "--n-envs", min=1, help="concurrent browser contexts"),
+    seed: int = typer.Option(0, help="seed of the task instances (and of the random policy)"),
+    max_steps: int = typer.Option(10, help="actions per episode (AgentLab's MiniWoB++ setting: 10)"),
+    config: str | None = typer.Option(None, "--config", "-c", help="config file for the env section"),
+    set_: list[str] = typer.Option([], "--set", help="section.key=value overrides"),
+    out: Path | None = typer.Option(None, help="write the episodes (with steps) as JSONL here"),
+) -> None:
+    """Per-task success of a scripted policy on MiniWoB++ (ground-truth rewards from the tasks' own JS)."""
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from webrl_core.env.miniwob import MiniWoBHooks, MiniWoBOracle, MiniWoBServer, miniwob_tasks
+    from webrl_core.env.rollout import run_rollout
+    from webrl_core.env.scripted import RandomPolicy
+
+    cfg = _env_cfg(config, set_).model_copy(update={"max_steps": max_steps})
+    names = [t.strip() for t in tasks.split(",") if t.strip()]
+    if policy == "oracle":
+        pol = MiniWoBOracle()
+    elif policy == "random":
+        pol = RandomPolicy(seed)
+    else:
+        raise typer.BadParameter(f"--policy {policy!r}: allowed: oracle, random")
+    task_list = miniwob_tasks(names, episodes, seed)
+    t0 = time.perf_counter()
+    with MiniWoBServer() as srv:
+        eps = run_rollout(task_list, pol, n_envs, cfg=cfg, hooks=MiniWoBHooks(srv), purpose="eval", seed=seed)
+    wall = time.perf_counter() - t0
+    table = Table(title=f"MiniWoB++ / policy={policy} / {episodes} seeds / n_envs={n_envs}")
+    for col in ("task", "episodes", "success", "mean steps", "errors"):
+        table.add_column(col, justify="left" if col == "task" else "right")
+    total_ok = 0
+    for name in names:
+        mine = [e for e in eps if e["task_id"].startswith(f"miniwob.{name}.")]
+        ok = sum(bool(e["success"]) for e in mine)
+        total_ok += ok
+        steps = sum(e["n_steps"] for e in mine) / max(1, len(mine))
+        table.add_row(name, str(len(mine)), f"{ok / max(1, len(mine)):.2f}", f"{steps:.1f}",
+                      str(sum(e["status"] == "error" for e in mine)))
+    table.add_row("ALL", str(len(eps)), f"{total_ok / max(1, len(eps)):.2f}",
+                  f"{sum(e['n_steps'] for e in eps) / max(1, len(eps)):.1f}",
+                  str(sum(e["status"] == "error" for e in eps)))
+    console = Console()
+    console.print(table)
+    n_steps = sum(e["n_steps"] for e in eps)
+    console.print(f"{len(eps)} episodes, {n_steps} steps in {wall:.1f} s (incl. browser start): "
+                  f"{n_steps / wall:.1f} env steps/s")
+    if out:
+        with open(out, "w") as f:
+            for e in eps:
+                f.write(json.dumps(e, default=str) + "\n")
+        console.print(f"episodes written to {out}")
+
+
+@app.command("play")
+def play_cmd(
+    target: str = typer.Argument(..., help="a URL, or a task JSON file (WebArena-Lite schema; a list: --index picks)"),
+    index: int = typer.Option(0, help="which task of a JSON list"),
+    config: str | None = typer.Option(None, "--config", "-c", help="config file (env and sites sections)"),
+    set_: list[str] = typer.Option([], "--set", help="section.key=value overrides"),
+    show_prompt: bool = typer.Option(False, help="print the full policy prompt instead of the observation"),
+) -> None:
+    """Act by hand: type actions in the WebRL grammar (do(...), exit(...), go_backward()); ':q' quits."""
+    import asyncio
+
+    from rich.console import Console
+
+    from webrl_core.config import load_config
+    from webrl_core.env.browser import BrowserPool, NoHooks, WebArenaHooks, url_host
+    from webrl_core.env.web_env import WebEnv
+    from webrl_core.prompts import build_prompt
+
+    settings = load_config(config, sets=set_ or ())
+    cfg = settings.env
+    console = Console()
+    if Path(target).is_file():
+        data = json.loads(Path(target).read_text())
+        task = data[index] if isinstance(data, list) else data
+        hooks = WebArenaHooks(settings.sites.urls, settings.sites.auth_dir) if settings.sites.urls else NoHooks()
+    else:
+        task = {"task_id": "play", "intent": "(interactive)", "start_url": target, "sites": []}
+        hooks = NoHooks(allowed=[url_host(target)] if url_host(target) else [])
+
+    async def loop() -> None:
+        async with BrowserPool(cfg) as pool:
+            env = WebEnv(pool, cfg, hooks)
+            obs = await env.reset(task, "play")
+            past: list[str] = []
+            while True:
+                text = build_prompt(env.task.get("intent", ""), past, obs.html, cfg.obs_char_budget) \
+                    if show_prompt else obs.html
+                console.rule(f"step {len(past)} | {obs.url} | {obs.n_elements} ids | obs {obs.obs_s * 1000:.0f} ms")
+                console.print(text, markup=False, highlight=False)
+                try:
+                    line = await asyncio.to_thread(input, "action> ")
+                except EOFError:
+                    break
+                if line.strip() in (":q", "quit", "exit"):
+                    break
+                obs, done, info = await env.step(line)
+                past.append(line)
+                if done:
+                    console.print(f"episode over: status={env.status} answer={env.answer!r}")
+                    try:
+                        console.print(f"score = {await env.evaluate()}")
+                    except Exception as e:  # a URL without an eval spec cannot be scored
+                        console.print(f"(not scored: {e})")
+                    break
+            await env.close()
+
+    asyncio.run(loop())

@@ -1,0 +1,97 @@
+"""Re-run a recorded phase from its artifacts and report whether the outputs match.
+
+Inputs come from the run directory: ``config.yaml`` (the resolved config, seeds included), the store
+(trajectories and their ORM labels), ``models/phase=k-1`` (phase-start actor and critic) and
+``models/phase=0/actor`` (critic backbone). Without ``redo_rollouts`` the phase's data stages are
+re-computed from the stored trajectories: transitions -> replay selection -> critic -> actor, into
+``<run_dir>/reproduce/phase=k``; each output is compared with the recorded one by sha256 (datasets) and by
+the largest absolute weight difference (models). With ``redo_rollouts`` the phase's tasks are rolled out
+again with the phase-start actor and the success rates are compared as well.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from webrl_core import stages
+from webrl_core.artifacts import ArtifactRef, sha256_path
+from webrl_core.config import load_config
+
+
+def _link(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.is_symlink() or dst.exists():
+        if dst.is_symlink():
+            dst.unlink()
+        else:
+            shutil.rmtree(dst)
+    os.symlink(src.resolve(), dst)
+
+
+def max_weight_diff(a: str | Path, b: str | Path) -> float:
+    from safetensors.torch import load_file
+
+    fa = sorted(Path(a).glob("*.safetensors"))
+    fb = {p.name: p for p in Path(b).glob("*.safetensors")}
+    worst = 0.0
+    for f in fa:
+        ta, tb = load_file(str(f)), load_file(str(fb[f.name]))
+        for k, v in ta.items():
+            worst = max(worst, float((v.float() - tb[k].float()).abs().max()))
+    return worst
+
+
+def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False) -> dict:
+    run = Path(run_dir).resolve()
+    if phase < 1:
+        raise ValueError("reproduce works on phases >= 1 (the bootstrap is re-run by webrl bootstrap)")
+    cfg_path = run / "config.yaml"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{cfg_path} missing: not a run directory")
+    s = load_config(cfg_path)
+    out = run / "reproduce" / f"phase={phase}"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    _link(run / "store", out / "store")  # read-only use: these stages only read the store
+    for k in sorted({0, phase - 1}):
+        _link(run / "models" / f"phase={k}", out / "models" / f"phase={k}")
+    rd = str(out)
+    recorded = {"samples": run / "data" / f"phase={phase}" / "samples.jsonl",
+                "replay": run / "data" / f"phase={phase}" / "replay.jsonl",
+                "critic": run / "models" / f"phase={phase}" / "critic",
+                "actor": run / "models" / f"phase={phase}" / "actor"}
+    missing = [str(p) for p in recorded.values() if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"phase {phase} did not record: {missing}")
+    report: dict = {"phase": phase, "run_dir": str(run), "outputs": {}}
+    ids = [e["episode_id"] for e in stages.TrajectoryStore(run).episodes(phase, purpose="rollout")]
+    rolls = {"episode_ids": sorted(ids)}
+    if redo_rollouts:
+        tasks_ref = ArtifactRef.of(run / "tasks" / f"phase={phase}" / "tasks.json")
+        (out / "store").unlink()  # a fresh store for the new rollouts (the link pointed at the recorded one)
+        prev = stages.model_ref(rd, phase - 1, "actor")
+        r = stages.rollout(s, rd, phase, "rollout", tasks_ref, prev, s.policy.temperature)
+        old = stages.TrajectoryStore(run).sql(
+            "SELECT avg(CASE WHEN env_score >= 1 THEN 1.0 ELSE 0.0 END) AS r FROM episodes "
+            "WHERE phase = $p AND purpose = 'rollout'", {"p": phase})[0]["r"]
+        report["rollouts"] = {"recorded_env_success": old, "reproduced_env_success": r["env_success"] / max(1, r["n"])}
+        orm = stages.ArtifactRef.of(run / "models" / "phase=0" / "orm")
+        stages.orm_label(s, rd, phase, r, orm)
+        rolls = r
+    samples, _ = stages.build_samples(s, rd, phase, rolls)
+    replay, _ = stages.select_replay(s, rd, phase, stages.model_ref(rd, phase - 1, "actor"), samples)
+    critic, _ = stages.train_critic_stage(s, rd, phase, samples, replay, stages.model_ref(rd, 0, "actor"),
+                                          stages.model_ref(rd, phase - 1, "critic"))
+    actor, _ = stages.train_actor_stage(s, rd, phase, samples, replay, stages.model_ref(rd, phase - 1, "actor"), critic)
+    for name, ref in (("samples", samples), ("replay", replay)):
+        report["outputs"][name] = {"match": sha256_path(recorded[name]) == ref.sha256, "recorded": str(recorded[name]),
+                                   "reproduced": ref.path}
+    for name, ref in (("critic", critic), ("actor", actor)):
+        diff = max_weight_diff(recorded[name], ref.path)
+        report["outputs"][name] = {"match": diff == 0.0, "max_abs_weight_diff": diff, "recorded": str(recorded[name]),
+                                   "reproduced": ref.path}
+    report["all_match"] = all(v["match"] for v in report["outputs"].values())
+    return report

@@ -1,0 +1,137 @@
+"""Task sets of the embedded sites, in the WebArena-Lite JSON schema (+ ``family`` and ``split``).
+
+  - ``test_set(data_seed)``: a FIXED held-out set of 165 tasks spread over the sites like WebArena-Lite
+    (shopping 46, shopping_admin 36, gitlab 34, map 29, reddit 20; see TEST_COUNTS), drawn from each family's test pool;
+  - ``train_tasks(n, seed)``: n tasks sampled round-robin over families from their training pools;
+  - ``vary_task(task, rng)``: a new task of the same family (different training instantiation and/or
+    phrasing) with its own correct evaluator -- the curriculum's embedded generator.
+Test and training instantiations are disjoint by construction (``families`` split rule).
+"""
+
+from __future__ import annotations
+
+import random
+from functools import lru_cache
+
+from webrl_core.sites.data import site_data
+from webrl_core.sites.families import FAMILIES, Family, stable_hash
+
+SITE_ORDER = ("shopping", "shopping_admin", "gitlab", "map", "reddit")
+# WebArena-Lite: 45/35/30/26/19 single-site tasks + 10 multi-site ones; we count those 10 towards the sites they
+# name (our families are single-site), which keeps the total at 165.
+TEST_COUNTS = {"shopping": 46, "shopping_admin": 36, "gitlab": 34, "map": 29, "reddit": 20}
+
+
+@lru_cache(maxsize=8)
+def _pools(data_seed: int) -> dict[str, tuple[list[dict], list[dict]]]:
+    """family -> (test pool, train pool)."""
+    data = site_data(data_seed)
+    out = {}
+    for name, fam in FAMILIES.items():
+        insts = sorted(fam.instances(data), key=lambda i: stable_hash([name, i]))
+        if len(insts) <= fam.test_quota:
+            raise ValueError(f"family {name}: {len(insts)} instantiations, test quota {fam.test_quota}")
+        out[name] = (insts[:fam.test_quota], insts[fam.test_quota:])
+    return out
+
+
+def make_task(fam: Family, inst: dict, phrasing: int, split: str, task_id: str, data_seed: int = 0) -> dict:
+    """One WebArena-Lite task config for a family instantiation."""
+    data = site_data(data_seed)
+    templates = fam.phrasings(inst)
+    template = templates[phrasing % len(templates)]
+    built = fam.build(inst, data)
+    t_index = fam.templates.index(next(t for t in fam.templates if t.endswith(template)))
+    return {
+        "sites": [fam.site],
+        "task_id": task_id,
+        "require_login": True,
+        "storage_state": None,
+        "start_url": built["start_url"],
+        "geolocation": None,
+        "intent_template": template,
+        "instantiation_dict": dict(inst),
+        "intent": template.format(**inst),
+        "require_reset": False,
+        "eval": built["eval"],
+        "intent_template_id": list(FAMILIES).index(fam.name) * 10 + t_index,
+        "family": fam.name,
+        "split": split,
+        "data_seed": data_seed,
+    }
+
+
+def families_of(site: str) -> list[Family]:
+    return [f for f in FAMILIES.values() if f.site == site]
+
+
+@lru_cache(maxsize=4)
+def _test_set(data_seed: int) -> tuple:
+    pools = _pools(data_seed)
+    tasks = []
+    for site in SITE_ORDER:
+        fams = families_of(site)
+        quota = sum(f.test_quota for f in fams)
+        if quota != TEST_COUNTS[site]:
+            raise ValueError(f"site {site}: family test quotas sum to {quota}, expected {TEST_COUNTS[site]}")
+        for fam in fams:
+            for j, inst in enumerate(pools[fam.name][0]):
+                tasks.append(make_task(fam, inst, j, "test", f"emb-test-{len(tasks):03d}", data_seed))
+    return tuple(tasks)
+
+
+def test_set(data_seed: int = 0) -> list[dict]:
+    """The fixed held-out set (165 tasks; ids emb-test-000 .. emb-test-164)."""
+    import copy
+
+    return copy.deepcopy(list(_test_set(data_seed)))
+
+
+def _train_task(fam: Family, rng: random.Random, data_seed: int) -> dict:
+    inst = rng.choice(_pools(data_seed)[fam.name][1])
+    phrasing = rng.randrange(len(fam.phrasings(inst)))
+    tid = f"emb-train-{fam.name}-{stable_hash([inst, phrasing]) % 16**8:08x}"
+    return make_task(fam, inst, phrasing, "train", tid, data_seed)
+
+
+def train_tasks(n: int, seed: int = 0, data_seed: int = 0, families: list[str] | None = None) -> list[dict]:
+    """n training tasks, families taken round-robin (shuffled), instantiations sampled from training pools."""
+    names = list(families or FAMILIES)
+    unknown = sorted(set(names) - set(FAMILIES))
+    if unknown:
+        raise ValueError(f"unknown task families {unknown}; known: {sorted(FAMILIES)}")
+    rng = random.Random(f"train-{seed}")
+    out, seen = [], set()
+    order: list[str] = []
+    while len(out) < n:
+        if not order:
+            order = rng.sample(names, len(names))
+        fam = FAMILIES[order.pop()]
+        for _ in range(5):  # avoid exact duplicates when the pool allows it
+            task = _train_task(fam, rng, data_seed)
+            if task["task_id"] not in seen:
+                break
+        seen.add(task["task_id"])
+        out.append(task)
+    return out
+
+
+def vary_task(task: dict, rng: random.Random) -> dict:
+    """A new training task of ``task``'s family: another instantiation and/or phrasing, with its own evaluator."""
+    name = task.get("family")
+    if name not in FAMILIES:
+        raise ValueError(f"task {task.get('task_id')!r} has family {name!r}; known: {sorted(FAMILIES)}")
+    fam = FAMILIES[name]
+    data_seed = int(task.get("data_seed", 0))
+    for _ in range(20):
+        new = _train_task(fam, rng, data_seed)
+        if new["intent"] != task.get("intent"):
+            return new
+    return new
+
+
+def task_sites(tasks: list[dict]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in tasks:
+        out[t["sites"][0]] = out.get(t["sites"][0], 0) + 1
+    return out

@@ -18,3 +18,17 @@ def register(app: typer.Typer) -> None:
         from webrl_core.bench.score import run
         run(n=n, batch_sizes=[int(b) for b in batch_sizes.split(",") if b.strip()],
             html_chars=tuple(int(x) for x in html_chars.split(",")), seed=seed, threads=threads, out=out)
+
+    @app.command("train")
+    def bench_train(episodes: int = typer.Option(16, help="synthetic episodes (half successful)"),
+                    steps: int = typer.Option(4, help="steps per episode"),
+                    html_chars: str = typer.Option("1500,4000", help="min,max characters of synthetic HTML per step"),
+                    batch_size: int = typer.Option(8, help="our micro-batch (the official method uses 1)"),
+                    seed: int = typer.Option(0, help="seed of the synthetic data and the model"),
+                    threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
+                    out: str = typer.Option(None, help="write the numbers as JSON to this file")):
+        """WebRL actor-training stage: our precompute + batched epoch vs the official per-sample recomputation
+        of reference and critic values; wall times, ratio and MFU against a measured fp32 matmul peak."""
+        from webrl_core.bench.train import run as run_train
+        run_train(episodes=episodes, steps=steps, html_chars=tuple(int(x) for x in html_chars.split(",")),
+                  batch_size=batch_size, seed=seed, threads=threads, out=out)

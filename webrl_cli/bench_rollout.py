@@ -31,13 +31,14 @@ def register(app: typer.Typer) -> None:
                       f"contexts_per_browser={cfg.contexts_per_browser}, batch_wait_s={cfg.batch_wait_s}")
         rows = bench_rollout(target, ns, episodes, cfg=cfg,
                              on_row=lambda r: console.print(f"  n_envs={r['n_envs']}: {r['steps_per_s']:.1f} steps/s"))
-        table = Table(title=f"webrl bench rollout ({target}, scripted policy)")
-        cols = [("n_envs", "n_envs", "{}"), ("episodes", "episodes", "{}"), ("steps", "steps", "{}"),
-                ("steps/s", "steps_per_s", "{:.1f}"), ("episodes/s", "episodes_per_s", "{:.2f}"),
-                ("obs p50 ms", "obs_p50_ms", "{:.0f}"), ("obs p95 ms", "obs_p95_ms", "{:.0f}"),
-                ("action p50 ms", "action_p50_ms", "{:.0f}"), ("success", "success", "{:.2f}"),
-                ("errors", "errors", "{}"), ("chromium PSS MB", "chromium_pss_mb", "{:.0f}"),
-                ("python RSS MB", "python_rss_mb", "{:.0f}")]
+        table = Table(title=f"webrl bench rollout ({target}, scripted policy)", padding=(0, 0))
+        # short headers: the table must fit an 80-column terminal
+        cols = [("n_envs", "n_envs", "{}"), ("eps", "episodes", "{}"), ("steps", "steps", "{}"),
+                ("steps/s", "steps_per_s", "{:.1f}"), ("eps/s", "episodes_per_s", "{:.2f}"),
+                ("obs p50", "obs_p50_ms", "{:.0f}ms"), ("obs p95", "obs_p95_ms", "{:.0f}ms"),
+                ("act p50", "action_p50_ms", "{:.0f}ms"), ("succ", "success", "{:.2f}"),
+                ("err", "errors", "{}"), ("PSS MB", "chromium_pss_mb", "{:.0f}"),
+                ("py MB", "python_rss_mb", "{:.0f}")]
         for name, _, _ in cols:
             table.add_column(name, justify="right")
         for r in rows:

@@ -132,24 +132,30 @@ def rollout(settings: WebRLSettings, run_dir: str, phase: int, purpose: str, tas
 
     Resumable: tasks whose episode (same deterministic id) is already stored without error are skipped,
     so a killed rollout re-run loses at most the episodes that were in flight and duplicates nothing."""
-    from webrl_core.env.rollout import episode_id_for, run_rollout
+    from webrl_core.env.rollout import run_rollout
 
     tasks = read_json(tasks_ref)[shard::n_shards]
     store = TrajectoryStore(run_dir)
     seed = settings.run.seed
     done = {e["episode_id"] for e in store.episodes(phase) if e["status"] != "error"}
-    todo = [t for t in tasks if episode_id_for(t, phase, purpose, seed, 0) not in done]
+    todo = [t for t in tasks if _eid(t, phase, purpose, seed) not in done]
     if todo:
         policy = make_policy(settings, actor_ref.path if actor_ref else None, temperature, purpose)
         with site_session(settings) as hooks:
             run_rollout(todo, policy, settings.env.n_envs, cfg=settings.env, hooks=hooks, store=store, phase=phase,
                         purpose=purpose, seed=seed, progress=True)
-    ids = sorted(episode_id_for(t, phase, purpose, seed, 0) for t in tasks)
+    ids = sorted(_eid(t, phase, purpose, seed) for t in tasks)
     rows = {e["episode_id"]: e for e in store.episodes(phase)}
     got = [rows[i] for i in ids if i in rows]
     return {"episode_ids": [e["episode_id"] for e in got], "n": len(got),
             "env_success": sum(1 for e in got if (e.get("env_score") or 0) >= 1.0),
             "errors": sum(1 for e in got if e["status"] == "error"), "skipped_existing": len(tasks) - len(todo)}
+
+
+def _eid(task: dict, phase: int, purpose: str, seed: int) -> str:
+    from webrl_core.env.rollout import episode_id_for
+
+    return episode_id_for(task["task_id"], phase, purpose, seed, 0)
 
 
 def merge_rollouts(shards: list[dict]) -> dict:
@@ -282,12 +288,26 @@ def generate_tasks(settings: WebRLSettings, run_dir: str, phase: int, seed_purpo
 
 
 def start_page_html(settings: WebRLSettings, tasks: list[dict]) -> dict[str, str]:
-    """Simplified HTML of each distinct start URL (the Round-0 observation the critic scores)."""
-    from webrl_core.env.rollout import observe_start_pages
+    """Simplified HTML of each distinct start URL (the Round-0 observation the critic scores), via WebEnv.reset."""
+    from webrl_core.env.browser import BrowserPool
+    from webrl_core.env.web_env import WebEnv
 
-    urls = sorted({t["start_url"] for t in tasks})
+    firsts: dict[str, dict] = {}
+    for t in tasks:
+        firsts.setdefault(t["start_url"], t)
+
+    async def observe(hooks) -> dict[str, str]:
+        out = {}
+        async with BrowserPool(settings.env) as pool:
+            env = WebEnv(pool, settings.env, hooks)
+            for i, (url, task) in enumerate(sorted(firsts.items())):
+                obs = await env.reset(task, f"start-page-{i}")
+                out[url] = obs.html
+            await env.close()
+        return out
+
     with site_session(settings) as hooks:
-        return asyncio.run(observe_start_pages(urls, cfg=settings.env, hooks=hooks))
+        return asyncio.run(observe(hooks))
 
 
 def filter_tasks(settings: WebRLSettings, run_dir: str, phase: int, candidates_ref: ArtifactRef,

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments, set_seed
 
 from webrl_core import advantage as adv_mod
 from webrl_core.critic import Critic, critic_examples, critic_loss
@@ -91,7 +91,8 @@ def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_
                max_steps=max_steps if max_steps else -1, lr_scheduler_type=scheduler, warmup_steps=warmup,
                weight_decay=0.01, max_grad_norm=max_grad_norm, logging_steps=10, save_strategy="no",
                report_to="none", remove_unused_columns=False, use_cpu=use_cpu, seed=settings.run.seed,
-               data_seed=settings.run.seed, disable_tqdm=False, dataloader_num_workers=0, **extra)
+               data_seed=settings.run.seed, disable_tqdm=False, dataloader_num_workers=0,
+               train_sampling_strategy="group_by_length", **extra)  # less padding; uses the "length" column
 
 
 def webrl_config(settings, out_dir: str | Path, max_steps: int | None = None) -> WebRLConfig:
@@ -318,6 +319,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
 
     tok = load_tokenizer(actor_dir)
     models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
+    set_seed(settings.run.seed)  # LoRA adapter init draws from the global RNG
     model = load_causal_lm(actor_dir, models_cfg, trainable=True)
     keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
     rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
@@ -334,7 +336,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     else:
         beta0 = torch.full_like(adv_k, cfg.beta)
     for j, r in enumerate(rows):
-        r.update(ref_logp=float(ref_logp[j]), adv=float(adv_k[j]), mask=float(mask_k[j]), beta0=float(beta0[j]))
+        r.update(ref_logp=float(ref_logp[j]), adv=float(adv_k[j]), mask=float(mask_k[j]), beta0=float(beta0[j]),
+                 length=len(r["input_ids"]))
 
     stats = {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
              "critic_s": round(t_critic, 3), "ref_s": round(t_ref, 3),
@@ -407,7 +410,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     critic.train()
     examples = critic_examples(samples)
     ids = critic.encode([e["prompt"] for e in examples])
-    rows = [{"input_ids": x, "label": e["label"], "weight": e["weight"]} for x, e in zip(ids, examples)]
+    rows = [{"input_ids": x, "label": e["label"], "weight": e["weight"], "length": len(x)} for x, e in zip(ids, examples)]
     from datasets import Dataset
 
     args = _trainer_args(TrainingArguments, out_dir, settings, c.lr, c.epochs, c.batch_size, c.grad_accum,
@@ -438,6 +441,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
         raise ValueError("sft_train: no (prompt, action) pairs")
     a = settings.actor
     tok = load_tokenizer(model_dir)
+    set_seed(settings.run.seed)
     model = load_causal_lm(model_dir, settings.models.model_copy(update={"device": _process_device(settings)}),
                            trainable=True)
     rows = []

@@ -130,7 +130,9 @@ class WebArenaHooks:
         return None  # the storage_state file already holds the login
 
     def eval_helpers(self) -> dict[str, Callable]:
-        return {}
+        from webrl_core.env.evaluators import webarena_site_helpers  # func: helpers of WebArena-Lite (REST calls)
+
+        return webarena_site_helpers(self.urls)
 
 
 class BrowserPool:

@@ -1,0 +1,191 @@
+"""`webrl bench train`: one WebRL actor-training stage, ours vs the official per-sample recomputation.
+
+Same data (synthetic trajectories with realistic prompts: ``build_prompt`` over simplified-HTML pages, half of them
+successful), same embedded model (default ``EmbeddedModelConfig`` Llama, random weights) as actor, reference and
+critic backbone, one process, CPU fp32:
+
+- official (repo ``WebRLTrainer``): for EVERY sample, batch 1 with gradient accumulation 2 -> critic forward on s
+  and on s' (2 critic passes), a reference forward from a second copy of the model, an actor forward/backward with
+  full-sequence [T, vocab] logits; the mask then zeroes the negative samples' loss;
+- ours (``training.train_actor``): critic once per DISTINCT prompt (batched), reference log-probs batched from the
+  actor itself before its first update, negative samples dropped, then the epoch in length-grouped left-padded
+  micro-batches with the LM head only at the action positions.
+
+Printed: both wall times (load/save excluded), the ratio official/ours, and model-FLOPs utilisation:
+
+    MFU = (6 * N * trained tokens + 2 * N * tokens only run forward) / time / peak
+
+with N = parameters without the input embedding (a lookup, not a matmul) and ``peak`` the best fp32
+``torch.matmul`` rate of large square matrices measured in the same run. MFU of the actor epoch alone is
+6 * N * tokens / epoch time / peak. "Model" FLOPs: our LM head runs only at the action positions, so the FLOPs we
+actually execute are fewer than 6N per token; the official path runs the full head, so the counted MFU favours
+neither (same N, same tokens)."""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from rich.console import Console
+from rich.table import Table
+
+from webrl_core.advantage import cap_beta, official_advantage, official_beta, reference_prob
+from webrl_core.bench.score import _page, _response
+from webrl_core.config import EmbeddedModelConfig, load_config
+from webrl_core.critic import Critic
+from webrl_core.models import (build_embedded_model, encode_prompt_action, load_causal_lm, load_tokenizer, n_params,
+                               train_embedded_tokenizer)
+from webrl_core.prompts import build_prompt
+from webrl_core.training import train_actor
+from webrl_core.transitions import build_transitions
+
+
+def matmul_peak_flops(n: int = 2048, reps: int = 5, rounds: int = 3) -> float:
+    """Best fp32 FLOP/s of an n x n matmul on this machine now."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(a, b)  # warm-up
+    best = 0.0
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(a, b)
+        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t))
+    return best
+
+
+def synthetic_trajectories(episodes: int, steps: int, html_chars: tuple[int, int], seed: int):
+    rng = random.Random(seed)
+    out = []
+    for e in range(episodes):
+        intent = f"Find the {rng.choice(['red', 'blue', 'steel'])} {rng.choice(['lamp', 'chair', 'phone'])} #{e}"
+        past, rows = [], []
+        for k in range(steps):
+            resp = _response(rng)
+            rows.append({"idx": k, "prompt": build_prompt(intent, past, _page(rng, rng.randint(*html_chars))),
+                         "response": resp})
+            past.append(resp)
+        out.append(({"episode_id": f"b{e}", "success": e % 2 == 0, "intent": intent, "phase": 1}, rows))
+    return out
+
+
+def official_stage(samples: list[dict], actor_dir: Path, critic_dir: Path, settings, lr: float) -> dict:
+    """The repo's per-sample actor update: batch 1, GA 2, ref model copy, 2 critic passes, full logits."""
+    mcfg = settings.models
+    tok = load_tokenizer(actor_dir)
+    actor = load_causal_lm(actor_dir, mcfg, trainable=True)
+    ref = load_causal_lm(actor_dir, mcfg)
+    critic = Critic.load(critic_dir, dtype=mcfg.dtype, device=mcfg.device, max_length=mcfg.max_length).eval()
+    opt = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
+    grad_accum, tokens, fwd_tokens = 2, 0, 0
+    t0 = time.perf_counter()
+    for i, s in enumerate(samples):
+        with torch.no_grad():
+            vs = []
+            for prompt in (s["observation"], s["next_observation"]):
+                ids = torch.tensor([critic.encode([prompt])[0]])
+                l1, l2 = critic(ids, torch.ones_like(ids))
+                vs.append(torch.minimum(F.softmax(l1, -1)[0, 1], F.softmax(l2, -1)[0, 1]))
+                fwd_tokens += ids.shape[1]
+        adv, mask = official_advantage(vs[0], vs[1], s["reward"], s["mc_return"], settings.actor.margin)
+        enc = encode_prompt_action(tok, s["observation"], s["action"], mcfg.max_length)
+        ids = torch.tensor([enc["input_ids"]])
+        am = torch.tensor(enc["action_mask"][1:], dtype=torch.bool)
+        tgt = ids[0, 1:]
+
+        def seq_logp(model):
+            logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()  # full [T, V] like the repo
+            return torch.log_softmax(logits, -1).gather(-1, tgt[:, None])[:, 0][am].sum()
+
+        with torch.no_grad():
+            ref_logp = seq_logp(ref)
+        fwd_tokens += ids.shape[1]
+        logp = seq_logp(actor)
+        tokens += ids.shape[1]
+        n = am.sum().float()
+        count = n if mask.item() > 0 else torch.tensor(1.0)
+        log_ratio = (logp - ref_logp) / count
+        beta = cap_beta(official_beta(adv, reference_prob(ref_logp, n)), adv, log_ratio)
+        loss = F.smooth_l1_loss(beta * log_ratio, adv, reduction="none", beta=1.0) / beta * mask
+        (loss / grad_accum).backward()
+        if (i + 1) % grad_accum == 0 or i == len(samples) - 1:
+            torch.nn.utils.clip_grad_norm_(actor.parameters(), settings.actor.max_grad_norm)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "train_tokens": tokens, "forward_only_tokens": fwd_tokens,
+            "critic_params": n_params(critic)}
+
+
+def _flop_params(model_dir: Path) -> tuple[int, int]:
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    total = n_params(m)
+    return total, total - m.get_input_embeddings().weight.numel()
+
+
+def run(episodes: int = 16, steps: int = 4, html_chars: tuple[int, int] = (1500, 4000), batch_size: int = 8,
+        lr: float = 1e-4, seed: int = 0, threads: int = 0, out: str | None = None) -> dict:
+    console = Console()
+    if threads:
+        torch.set_num_threads(threads)
+    trajs = synthetic_trajectories(episodes, steps, html_chars, seed)
+    samples = build_transitions(trajs, gamma=0.9)
+    emb = EmbeddedModelConfig()
+    settings = load_config(sets=["models.device=cpu", f"models.max_length={emb.max_length}",
+                                 f"actor.batch_size={batch_size}", f"critic.batch_size={batch_size}",
+                                 f"actor.lr={lr}", "actor.loss=official", f"run.seed={seed}"])
+    res: dict = {"episodes": episodes, "samples": len(samples), "threads": torch.get_num_threads()}
+    with tempfile.TemporaryDirectory(prefix="webrl-bench-train-") as tmp:
+        tmp = Path(tmp)
+        corpus = [s["observation"] + s["action"] for s in samples]
+        train_embedded_tokenizer(corpus, emb.vocab_size, tmp / "tok")
+        model_dir = build_embedded_model(tmp / "tok", emb, tmp / "actor", seed=seed)
+        Critic.from_backbone(model_dir, head_init_std=0.02, max_length=emb.max_length, device="cpu",
+                             seed=seed).save(tmp / "critic")
+        total, n_flop = _flop_params(model_dir)
+        peak = matmul_peak_flops()
+        console.print(f"model: embedded {emb.arch}, {total / 1e6:.2f}M params ({n_flop / 1e6:.2f}M without the "
+                      f"input embedding), {torch.get_num_threads()} torch threads; {len(samples)} samples from "
+                      f"{episodes} episodes; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+
+        t0 = time.perf_counter()
+        ours = train_actor(samples, model_dir, tmp / "ours", settings, critic_dir=tmp / "critic", progress=False)
+        ours_total = ours["critic_s"] + ours["ref_s"] + ours["train_s"]
+        console.print(f"ours done in {time.perf_counter() - t0:.1f}s (incl. load/save)")
+        official = official_stage(samples, model_dir, tmp / "critic", settings, lr)
+        peak = max(peak, matmul_peak_flops())  # re-measured after both runs; the best is the peak
+
+    n_critic = n_flop  # same backbone; the heads are negligible
+    distinct = len({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
+    enc_tokens = ours["tokens"]  # kept samples' prompt+action tokens (one epoch)
+    # forward-only work of ours: the ref pass over the kept samples + critic over distinct prompts (approx. by
+    # the mean sample length, since prompts dominate the tokens)
+    mean_len = official["train_tokens"] / len(samples)
+    ours_fwd_tokens = enc_tokens + distinct * mean_len
+    ours_flops = 6 * n_flop * enc_tokens + 2 * n_flop * enc_tokens + 2 * n_critic * distinct * mean_len
+    off_flops = 6 * n_flop * official["train_tokens"] + 2 * n_flop * official["forward_only_tokens"]
+    res |= {"params": total, "flop_params": n_flop, "peak_flops": peak,
+            "ours": {**ours, "stage_s": ours_total, "forward_only_tokens": ours_fwd_tokens,
+                     "mfu_stage": ours_flops / ours_total / peak,
+                     "mfu_epoch": 6 * n_flop * enc_tokens / ours["train_s"] / peak},
+            "official": {**official, "mfu_stage": off_flops / official["wall_s"] / peak},
+            "ratio": official["wall_s"] / ours_total}
+    t = Table(title=f"WebRL actor-training stage on {len(samples)} samples (CPU fp32, peak {peak / 1e9:.0f} GFLOP/s)")
+    for col in ("method", "wall s", "samples trained", "critic passes", "MFU stage", "MFU actor epoch"):
+        t.add_column(col)
+    t.add_row("official (per sample, batch 1)", f"{official['wall_s']:.1f}", str(len(samples)),
+              str(2 * len(samples)), f"{res['official']['mfu_stage']:.0%}", "-")
+    t.add_row(f"ours (precompute + batch {batch_size})", f"{ours_total:.1f}", str(ours["n_train"]), str(distinct),
+              f"{res['ours']['mfu_stage']:.0%}", f"{res['ours']['mfu_epoch']:.0%}")
+    console.print(t)
+    console.print(f"ours: critic {ours['critic_s']:.1f}s + reference {ours['ref_s']:.1f}s + epoch "
+                  f"{ours['train_s']:.1f}s; speed-up official/ours = {res['ratio']:.2f}x")
+    if out:
+        Path(out).write_text(json.dumps(res, indent=2, default=str))
+    return res

@@ -15,9 +15,12 @@ from webrl_cli.main import app
 def prefect_env(run_root: str) -> None:
     """Where Prefect keeps results and its local DB; set before prefect is imported."""
     root = Path(run_root).resolve()
+    for sub in (".prefect", ".prefect-results"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", str(root / ".prefect-results"))
     os.environ.setdefault("PREFECT_HOME", str(root / ".prefect"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # slow on a busy 2-core box
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -154,7 +154,7 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
         logging_steps=10, save_strategy="no", report_to="none", seed=seed, completion_only_loss=True,
         max_length=models_cfg.max_length, gradient_checkpointing=models_cfg.gradient_checkpointing,
         use_cpu=device.type == "cpu", bf16=models_cfg.dtype == "bfloat16" and device.type == "cuda",
-        pad_token=tok.pad_token, disable_tqdm=False)
+        disable_tqdm=False)
     trainer = SFTTrainer(model=model, args=args, train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
                          processing_class=tok)
     trainer.train()

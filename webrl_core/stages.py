@@ -102,7 +102,7 @@ def train_task_pool(settings: WebRLSettings, run_dir: str, n: int, seed_offset: 
     from webrl_core.env.webarena import to_task_row
     from webrl_core.sites import train_tasks
 
-    tasks = train_tasks(n, seed=settings.run.seed * 1000 + seed_offset)
+    tasks = train_tasks(n, seed=settings.run.seed * 1000 + seed_offset, data_seed=settings.sites.data_seed)
     TrajectoryStore(run_dir).write_tasks(
         [to_task_row(t, 0, "train", family=t.get("family")) for t in tasks])
     return write_json(tasks, phase_dir(run_dir, "tasks", 0) / f"{name}.json")
@@ -115,7 +115,7 @@ def test_task_set(settings: WebRLSettings, run_dir: str) -> ArtifactRef:
     if settings.eval.test_set == "embedded":
         from webrl_core.sites import test_set
 
-        tasks = test_set()
+        tasks = test_set(data_seed=settings.sites.data_seed)
     else:
         from webrl_core.env.webarena import load_webarena_tasks
 
@@ -243,7 +243,8 @@ def init_critic(settings: WebRLSettings, run_dir: str, actor_ref: ArtifactRef) -
     from webrl_core.critic import Critic
 
     out = Path(run_dir) / "models" / "phase=0" / "critic"
-    Critic.from_backbone(actor_ref.path, settings.models).save(out)
+    Critic.from_backbone(actor_ref.path, max_length=settings.models.max_length, dtype=settings.models.dtype,
+                         device=settings.models.device, seed=settings.run.seed).save(out)
     return ArtifactRef.of(out, "model")
 
 
@@ -327,7 +328,7 @@ def filter_tasks(settings: WebRLSettings, run_dir: str, phase: int, candidates_r
 
         pages = start_page_html(settings, cands)
         prompts = [round0_prompt(t["intent"], pages.get(t["start_url"], ""), settings.env.obs_char_budget) for t in cands]
-        critic = Critic.load(critic_ref.path, settings.models)
+        critic = Critic.load(critic_ref.path, settings.models.dtype, settings.models.device, settings.models.max_length)
         v, p1, p2 = critic.values(prompts, batch_size=cc.batch_size)
         kept, dropped = filter_by_value(cands, list(zip(v.tolist(), p1.tolist(), p2.tolist())), cc.filter_low,
                                         cc.filter_high)
@@ -421,10 +422,11 @@ def select_replay(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: 
     cands = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
     model = load_causal_lm(actor_ref.path, settings.models)
     tok = load_tokenizer(actor_ref.path)
-    kept = score_replay(cands, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
-                        max_length=settings.models.max_length, batch_size=rc.batch_size, seed=settings.run.seed)
+    kept, info = score_replay(cands, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
+                              max_length=settings.models.max_length, batch_size=rc.batch_size, seed=settings.run.seed,
+                              progress=True)
     ref = _write_jsonl(kept, out)
-    return ref, {"replay_candidates": len(cands), "replay_kept": len(kept)}
+    return ref, {"replay_candidates": len(cands), "replay_kept": len(kept), **_numeric(info)}
 
 
 # ----------------------------------------------------------------------------------------- training

@@ -254,18 +254,15 @@ def _process_device(settings) -> str:
     return str(state.device) if state.num_processes > 1 else settings.models.device
 
 
-def critic_values_for(samples: list[dict], critic_dir: str | Path, settings, progress: bool = True
+def critic_values_for(samples: list[dict], critic: Critic, settings, progress: bool = True
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(V(s), V(s')) for every sample, running the critic once per distinct prompt; the critic is freed after."""
+    """(V(s), V(s')) for every sample, running the critic once per distinct prompt (batched, no grad)."""
     prompts = sorted({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
-    critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
-                         max_length=settings.models.max_length)
 
     def run(ps):
         return critic.values(ps, batch_size=settings.critic.batch_size, progress=progress)[0].tolist()
 
     v_of = dict(zip(prompts, _dist_map(run, prompts)))
-    del critic
     v = torch.tensor([v_of[s["observation"]] for s in samples])
     nv = torch.tensor([v_of[s["next_observation"]] for s in samples])
     return v, nv
@@ -306,7 +303,11 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     cfg = webrl_config(settings, out_dir, max_steps)
     t0 = time.perf_counter()
     if critic_dir is not None:
-        v, nv = critic_values_for(samples, critic_dir, settings, progress)
+        critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
+                             max_length=settings.models.max_length)
+        t0 = time.perf_counter()  # timings exclude loading
+        v, nv = critic_values_for(samples, critic, settings, progress)
+        del critic  # freed before the actor is loaded: never two models in memory
         adv, mask = compute_advantages(samples, v, nv, cfg)
     elif not cfg.kl:
         v = nv = torch.zeros(len(samples))
@@ -345,7 +346,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
              "loss_mode": cfg.loss if cfg.kl else "sft"}
     if not rows:
         save_model(model, tok, out_dir)
-        return stats | {"train_s": 0.0, "train_loss": None, "tokens": 0}
+        return stats | {"train_s": 0.0, "train_loss": None, "steps": 0, "tokens": 0, "tokens_sq": 0,
+                        "epochs": cfg.num_train_epochs}
     from datasets import Dataset
 
     trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
@@ -355,9 +357,9 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     t_train = time.perf_counter() - t2
     if trainer.is_world_process_zero():
         save_model(trainer.model, tok, out_dir)
-    n_tokens = sum(len(r["input_ids"]) for r in rows) * cfg.num_train_epochs
-    return stats | {"train_s": round(t_train, 3), "train_loss": result.training_loss,
-                    "tokens": int(n_tokens), "steps": result.global_step}
+    lengths = [len(r["input_ids"]) for r in rows]
+    return stats | {"train_s": round(t_train, 3), "train_loss": result.training_loss, "steps": result.global_step,
+                    "tokens": sum(lengths), "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs}
 
 
 class CriticTrainer(Trainer):

@@ -11,15 +11,16 @@ critic backbone, one process, CPU fp32:
   actor itself before its first update, negative samples dropped, then the epoch in length-grouped left-padded
   micro-batches with the LM head only at the action positions.
 
-Printed: both wall times (load/save excluded), the ratio official/ours, and model-FLOPs utilisation:
+Printed: both wall times (model load/save excluded), the ratio official/ours, and model-FLOPs utilisation
+(PaLM's definition, attention included) against the best fp32 ``torch.matmul`` rate of large square matrices
+measured in the same run::
 
-    MFU = (6 * N * trained tokens + 2 * N * tokens only run forward) / time / peak
+    FLOPs of a sequence of T tokens:  train  6*N*T + 12*L*d*T^2      forward only  2*N*T + 4*L*d*T^2
+    MFU = sum of the FLOPs of every pass / wall time / peak
 
-with N = parameters without the input embedding (a lookup, not a matmul) and ``peak`` the best fp32
-``torch.matmul`` rate of large square matrices measured in the same run. MFU of the actor epoch alone is
-6 * N * tokens / epoch time / peak. "Model" FLOPs: our LM head runs only at the action positions, so the FLOPs we
-actually execute are fewer than 6N per token; the official path runs the full head, so the counted MFU favours
-neither (same N, same tokens)."""
+with N = parameters without the input embedding (a lookup), L layers, d hidden size. MFU of the actor epoch alone
+counts only the training passes. These are "model" FLOPs: our LM head runs only at the action positions, so we
+execute fewer FLOPs than counted; the official path runs the full head. Same N and tokens for both."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ from webrl_core.advantage import cap_beta, official_advantage, official_beta, re
 from webrl_core.bench.score import _page, _response
 from webrl_core.config import EmbeddedModelConfig, load_config
 from webrl_core.critic import Critic
-from webrl_core.models import (build_embedded_model, encode_prompt_action, load_causal_lm, load_tokenizer, n_params,
-                               train_embedded_tokenizer)
+from webrl_core.models import (build_embedded_model, encode_prompt, encode_prompt_action, load_causal_lm,
+                               load_tokenizer, n_params, train_embedded_tokenizer)
 from webrl_core.prompts import build_prompt
 from webrl_core.training import train_actor
 from webrl_core.transitions import build_transitions
@@ -81,7 +82,7 @@ def official_stage(samples: list[dict], actor_dir: Path, critic_dir: Path, setti
     ref = load_causal_lm(actor_dir, mcfg)
     critic = Critic.load(critic_dir, dtype=mcfg.dtype, device=mcfg.device, max_length=mcfg.max_length).eval()
     opt = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
-    grad_accum, tokens, fwd_tokens = 2, 0, 0
+    grad_accum, train_lens, fwd_lens = 2, [], []
     t0 = time.perf_counter()
     for i, s in enumerate(samples):
         with torch.no_grad():
@@ -90,7 +91,7 @@ def official_stage(samples: list[dict], actor_dir: Path, critic_dir: Path, setti
                 ids = torch.tensor([critic.encode([prompt])[0]])
                 l1, l2 = critic(ids, torch.ones_like(ids))
                 vs.append(torch.minimum(F.softmax(l1, -1)[0, 1], F.softmax(l2, -1)[0, 1]))
-                fwd_tokens += ids.shape[1]
+                fwd_lens.append(ids.shape[1])
         adv, mask = official_advantage(vs[0], vs[1], s["reward"], s["mc_return"], settings.actor.margin)
         enc = encode_prompt_action(tok, s["observation"], s["action"], mcfg.max_length)
         ids = torch.tensor([enc["input_ids"]])
@@ -103,9 +104,9 @@ def official_stage(samples: list[dict], actor_dir: Path, critic_dir: Path, setti
 
         with torch.no_grad():
             ref_logp = seq_logp(ref)
-        fwd_tokens += ids.shape[1]
+        fwd_lens.append(ids.shape[1])
         logp = seq_logp(actor)
-        tokens += ids.shape[1]
+        train_lens.append(ids.shape[1])
         n = am.sum().float()
         count = n if mask.item() > 0 else torch.tensor(1.0)
         log_ratio = (logp - ref_logp) / count
@@ -116,9 +117,13 @@ def official_stage(samples: list[dict], actor_dir: Path, critic_dir: Path, setti
             torch.nn.utils.clip_grad_norm_(actor.parameters(), settings.actor.max_grad_norm)
             opt.step()
             opt.zero_grad(set_to_none=True)
-    wall = time.perf_counter() - t0
-    return {"wall_s": wall, "train_tokens": tokens, "forward_only_tokens": fwd_tokens,
-            "critic_params": n_params(critic)}
+    return {"wall_s": time.perf_counter() - t0, "train_lens": train_lens, "forward_lens": fwd_lens}
+
+
+def seq_flops(lengths: list[int], n: int, layers: int, d: int, train: bool) -> float:
+    """PaLM model FLOPs of sequences: (6 or 2)*N*T + (12 or 4)*L*d*T^2 each."""
+    a, b = (6, 12) if train else (2, 4)
+    return float(sum(a * n * t + b * layers * d * t * t for t in lengths))
 
 
 def _flop_params(model_dir: Path) -> tuple[int, int]:
@@ -154,6 +159,13 @@ def run(episodes: int = 16, steps: int = 4, html_chars: tuple[int, int] = (1500,
                       f"input embedding), {torch.get_num_threads()} torch threads; {len(samples)} samples from "
                       f"{episodes} episodes; fp32 matmul peak {peak / 1e9:.1f} GFLOP/s")
 
+        tok = load_tokenizer(model_dir)
+        prompts = sorted({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
+        critic_lens = [len(encode_prompt(tok, p, emb.max_length)) for p in prompts]
+        distinct = len(prompts)
+        # warm-up: allocator, kernels, Trainer/accelerate first-use costs hit neither timed run
+        train_actor(samples[:4], model_dir, tmp / "warm", settings.model_copy(deep=True), critic_dir=tmp / "critic",
+                    max_steps=1, progress=False)
         t0 = time.perf_counter()
         ours = train_actor(samples, model_dir, tmp / "ours", settings, critic_dir=tmp / "critic", progress=False)
         ours_total = ours["critic_s"] + ours["ref_s"] + ours["train_s"]
@@ -161,19 +173,20 @@ def run(episodes: int = 16, steps: int = 4, html_chars: tuple[int, int] = (1500,
         official = official_stage(samples, model_dir, tmp / "critic", settings, lr)
         peak = max(peak, matmul_peak_flops())  # re-measured after both runs; the best is the peak
 
-    n_critic = n_flop  # same backbone; the heads are negligible
-    distinct = len({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
-    enc_tokens = ours["tokens"]  # kept samples' prompt+action tokens (one epoch)
-    # forward-only work of ours: the ref pass over the kept samples + critic over distinct prompts (approx. by
-    # the mean sample length, since prompts dominate the tokens)
-    mean_len = official["train_tokens"] / len(samples)
-    ours_fwd_tokens = enc_tokens + distinct * mean_len
-    ours_flops = 6 * n_flop * enc_tokens + 2 * n_flop * enc_tokens + 2 * n_critic * distinct * mean_len
-    off_flops = 6 * n_flop * official["train_tokens"] + 2 * n_flop * official["forward_only_tokens"]
+    L, d = emb.num_layers, emb.hidden_size
+    # ours: the epoch's training passes, the reference pass over the same kept samples, the critic per distinct
+    # prompt (its lengths measured with the critic's own encoding)
+    ours_train = ours["epochs"] * (6 * n_flop * ours["tokens"] + 12 * L * d * ours["tokens_sq"])
+    ours_ref = 2 * n_flop * ours["tokens"] + 4 * L * d * ours["tokens_sq"]
+    ours_critic = seq_flops(critic_lens, n_flop, L, d, train=False)
+    off_flops = (seq_flops(official["train_lens"], n_flop, L, d, True)
+                 + seq_flops(official["forward_lens"], n_flop, L, d, False))
+    official.pop("train_lens"), official.pop("forward_lens")
     res |= {"params": total, "flop_params": n_flop, "peak_flops": peak,
-            "ours": {**ours, "stage_s": ours_total, "forward_only_tokens": ours_fwd_tokens,
-                     "mfu_stage": ours_flops / ours_total / peak,
-                     "mfu_epoch": 6 * n_flop * enc_tokens / ours["train_s"] / peak},
+            "ours": {**ours, "stage_s": ours_total,
+                     "mfu_stage": (ours_train + ours_ref + ours_critic) / ours_total / peak,
+                     "mfu_epoch": ours_train / ours["train_s"] / peak,
+                     "tokens_per_s_epoch": ours["epochs"] * ours["tokens"] / ours["train_s"]},
             "official": {**official, "mfu_stage": off_flops / official["wall_s"] / peak},
             "ratio": official["wall_s"] / ours_total}
     t = Table(title=f"WebRL actor-training stage on {len(samples)} samples (CPU fp32, peak {peak / 1e9:.0f} GFLOP/s)")

@@ -173,6 +173,9 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
             while not jobs.empty():
                 task, attempt = jobs.get_nowait()
                 ep = await _episode_with_retries(env, task, attempt)
+                end_episode = getattr(hooks, "end_episode", None)  # e.g. drop the episode's site DB copies
+                if end_episode is not None:
+                    end_episode(ep["episode_id"])
                 episodes.append(ep)
                 if store is not None:
                     store.write_episode({k: v for k, v in ep.items() if k in _EPISODE_KEYS}, ep["steps"])

@@ -22,8 +22,7 @@ from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from webrl_core.env.observation import find_element, labelled_elements, parse_observation_elements
-from webrl_core.sites.data import GL_ROLES, GL_USERS, MONTH_NAMES, MONTHS, route
-from webrl_core.sites.shopping_admin import bestsellers_sql  # noqa: F401  (documents the report's ranking rule)
+from webrl_core.sites.data import GL_USERS, MONTH_NAMES, MONTHS, route
 
 
 # --------------------------------------------------------------------------- oracle toolkit

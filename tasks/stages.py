@@ -24,7 +24,7 @@ SECTIONS = {
     "tokenizer": ("run", "models", "orm"),
     "sft": ("run", "models", "actor"),
     "orm_train": ("run", "models", "orm"),
-    "critic_init": ("models",),
+    "critic_init": ("run", "models", "critic"),
     "generate": ("run", "curriculum", "policy"),
     "filter": ("run", "sites", "env", "models", "critic", "curriculum", "orm"),
     "orm_label": ("models", "orm"),

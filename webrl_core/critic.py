@@ -69,6 +69,20 @@ def value_head(hidden: int, init_std: float | None) -> nn.Sequential:
     return head
 
 
+def load_backbone(folder: str | Path, dtype: str | torch.dtype):
+    """The decoder of an HF causal-LM folder (``AutoModel``); the LM head's weights are expected to be unused,
+    so transformers' load report about them is silenced."""
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return AutoModel.from_pretrained(str(folder), dtype=resolve_dtype(dtype))
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def hidden_size_of(config) -> int:
     cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
     for name in ("hidden_size", "d_model", "n_embd", "dim"):
@@ -99,12 +113,10 @@ class Critic(nn.Module):
     def from_backbone(cls, model_dir: str | Path, head_init_std: float | None = 0.2, max_length: int = 4096,
                       dtype: str | torch.dtype = "float32", device: str = "auto", seed: int = 0) -> Critic:
         """A fresh critic on the backbone of an HF causal-LM folder (the SFT model), with new random heads."""
-        from transformers import AutoModel
-
         model_dir = Path(model_dir)
         if not (model_dir / "config.json").exists():
             raise FileNotFoundError(f"critic backbone: {model_dir} is not an HF model folder (no config.json)")
-        backbone = AutoModel.from_pretrained(model_dir, dtype=resolve_dtype(dtype))  # decoder only, no LM head
+        backbone = load_backbone(model_dir, dtype)  # decoder only, no LM head
         tok = load_tokenizer(model_dir)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -135,14 +147,12 @@ class Critic(nn.Module):
     def load(cls, critic_dir: str | Path, dtype: str | torch.dtype = "float32", device: str = "auto",
              max_length: int | None = None) -> Critic:
         from safetensors.torch import load_file
-        from transformers import AutoModel
-
         critic_dir = Path(critic_dir)
         meta_file = critic_dir / CRITIC_JSON
         if not meta_file.exists():
             raise FileNotFoundError(f"not a critic folder (no {CRITIC_JSON}): {critic_dir}")
         meta = json.loads(meta_file.read_text())
-        backbone = AutoModel.from_pretrained(critic_dir / meta["backbone"], dtype=resolve_dtype(dtype))
+        backbone = load_backbone(critic_dir / meta["backbone"], dtype)
         tok = load_tokenizer(critic_dir / meta["backbone"])
         critic = cls(backbone, tok, meta.get("head_init_std"), max_length or meta.get("max_length", 4096))
         if critic.hidden_size != meta["hidden_size"]:

@@ -243,7 +243,8 @@ def init_critic(settings: WebRLSettings, run_dir: str, actor_ref: ArtifactRef) -
     from webrl_core.critic import Critic
 
     out = Path(run_dir) / "models" / "phase=0" / "critic"
-    Critic.from_backbone(actor_ref.path, max_length=settings.models.max_length, dtype=settings.models.dtype,
+    Critic.from_backbone(actor_ref.path, head_init_std=settings.critic.head_init_std,
+                         max_length=settings.models.max_length, dtype=settings.models.dtype,
                          device=settings.models.device, seed=settings.run.seed).save(out)
     return ArtifactRef.of(out, "model")
 
@@ -417,16 +418,18 @@ def select_replay(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: 
 
     store = TrajectoryStore(run_dir)
     rows = store.successful_steps(before_phase=phase)
-    ids = sorted({r["episode_id"] for r in rows})
-    eps, by_ep = _episodes_with_steps(store, ids)
-    cands = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
     model = load_causal_lm(actor_ref.path, settings.models)
     tok = load_tokenizer(actor_ref.path)
-    kept, info = score_replay(cands, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
-                              max_length=settings.models.max_length, batch_size=rc.batch_size, seed=settings.run.seed,
-                              progress=True)
+    picked, info = score_replay(rows, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
+                                max_length=settings.models.max_length, batch_size=rc.batch_size,
+                                seed=settings.run.seed, progress=True)
+    rank = {(r["episode_id"], r["idx"]): r["rank_score"] for r in picked}
+    eps, by_ep = _episodes_with_steps(store, sorted({e for e, _ in rank}))
+    samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
+    kept = [dict(x, rank_score=rank[(x["episode_id"], x["step_idx"])]) for x in samples
+            if (x["episode_id"], x["step_idx"]) in rank]
     ref = _write_jsonl(kept, out)
-    return ref, {"replay_candidates": len(cands), "replay_kept": len(kept), **_numeric(info)}
+    return ref, {"replay_candidates": len(rows), "replay_kept": len(kept), **_numeric(info)}
 
 
 # ----------------------------------------------------------------------------------------- training

@@ -74,12 +74,17 @@ def start_run(run_dir: str | Path, name: str, *, experiment: str = "webrl", conf
         yield run
 
 
-def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
+def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
+    """Numbers become metrics; strings (e.g. which task filter ran) become tags."""
     import mlflow
 
-    clean = {k.replace(" ", "_"): float(v) for k, v in metrics.items() if v is not None}
+    clean = {k.replace(" ", "_"): float(v) for k, v in metrics.items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if clean:
         mlflow.log_metrics(clean, step=step)
+    for k, v in metrics.items():
+        if isinstance(v, str):
+            mlflow.set_tag(k if step is None else f"{k}.{step}", v[:5000])
 
 
 def log_artifact(path: str | Path, artifact_path: str | None = None) -> None:

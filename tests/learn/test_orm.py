@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, OrmConfig
-from webrl_core.models import build_embedded_model, load_causal_lm, load_tokenizer, train_embedded_tokenizer
+from webrl_core.models import build_embedded_model, load_tokenizer, train_embedded_tokenizer
 from webrl_core.orm import (OrmScorer, answer_token_ids, evaluate_orm, official_orm_p_yes, orm_decision,
                             orm_examples_from_episodes, orm_prompt_for_episode, split_examples, train_orm)
 from webrl_core.prompts import build_orm_prompt

@@ -1,6 +1,6 @@
 """One cached Prefect task per WebRL stage (webrl_core.stages holds the logic).
 
-Caching: ``INPUTS + TASK_SOURCE`` with persisted results. Each task receives only the config sections its
+Caching: ``INPUTS + TASK_SOURCE`` (+ the library's source digest) with persisted results. Each task receives only the config sections its
 stage reads (``cfg``), the run id (a UUID stored in the run dir, so a deleted and re-created run dir never
 hits stale results), and content-addressed ``ArtifactRef`` inputs: changing one knob re-runs exactly the
 tasks that read it and those whose inputs then change.
@@ -8,13 +8,30 @@ tasks that read it and those whose inputs then change.
 
 from __future__ import annotations
 
-from prefect import task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+import functools
+import hashlib
+from pathlib import Path
 
+from prefect import task
+from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
+
+import webrl_core
 from webrl_core import stages
 from webrl_core.config import WebRLSettings
 
-CACHED = dict(cache_policy=INPUTS + TASK_SOURCE, persist_result=True)
+
+@functools.lru_cache(maxsize=1)
+def library_source_digest() -> str:
+    """sha256 of webrl_core's Python sources: a task's "source" is its wrapper AND the library code it calls."""
+    h = hashlib.sha256()
+    root = Path(webrl_core.__file__).parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+LIBRARY_SOURCE = CacheKeyFnPolicy(cache_key_fn=lambda ctx, params: library_source_digest())
+CACHED = dict(cache_policy=INPUTS + TASK_SOURCE + LIBRARY_SOURCE, persist_result=True)
 
 # config sections each stage reads (the rest stay at defaults inside the task and are never used)
 SECTIONS = {

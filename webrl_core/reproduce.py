@@ -67,8 +67,8 @@ def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False
     if missing:
         raise FileNotFoundError(f"phase {phase} did not record: {missing}")
     report: dict = {"phase": phase, "run_dir": str(run), "outputs": {}}
-    ids = [e["episode_id"] for e in stages.TrajectoryStore(run).episodes(phase, purpose="rollout")]
-    rolls = {"episode_ids": sorted(ids)}
+    tasks = stages.read_json(run / "tasks" / f"phase={phase}" / "tasks.json")
+    rolls = {"episode_ids": sorted(stages._eid(t, phase, "rollout", s.run.seed) for t in tasks)}
     if redo_rollouts:
         tasks_ref = ArtifactRef.of(run / "tasks" / f"phase={phase}" / "tasks.json")
         (out / "store").unlink()  # a fresh store for the new rollouts (the link pointed at the recorded one)

@@ -32,6 +32,44 @@ SITES5 = ("shopping", "shopping_admin", "reddit", "gitlab", "map")
 
 
 # ----------------------------------------------------------------------------------------- plumbing
+def output_key(settings: WebRLSettings, *inputs: Any) -> str:
+    """Key of a stage's output: its settings and its inputs (artifact refs by content)."""
+    import hashlib
+
+    blob = json.dumps([settings.model_dump(mode="json"), [getattr(i, "sha256", i) for i in inputs]],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def versioned(path: Path, key: str) -> Path:
+    """Where to write an output: ``<dir>/.versions/<name>@<key><ext>``; ``publish`` points ``path`` at it.
+
+    Outputs of different inputs never overwrite each other, so a cached result (which references its own
+    version) stays valid after a run with another knob value, while ``path`` names the latest one."""
+    real = path.parent / ".versions" / f"{path.stem}@{key}{path.suffix}"
+    real.parent.mkdir(parents=True, exist_ok=True)
+    if real.is_dir():
+        import shutil
+
+        shutil.rmtree(real)  # a half-written folder of a killed run
+    return real
+
+
+def publish(path: Path, real: Path) -> Path:
+    import os
+
+    tmp = path.parent / f".{path.name}.link.tmp"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(os.path.relpath(real, path.parent), tmp)
+    if path.exists() and not path.is_symlink() and path.is_dir():
+        import shutil
+
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return real
+
+
 def phase_dir(run_dir: str | Path, kind: str, phase: int) -> Path:
     p = Path(run_dir) / kind / f"phase={phase}"
     p.mkdir(parents=True, exist_ok=True)
@@ -198,8 +236,10 @@ def build_tokenizer(settings: WebRLSettings, run_dir: str, demos: dict) -> Artif
             texts.append(build_orm_prompt(e["intent"], [s["response"] for s in steps], steps[-1]["html"] or "",
                                           settings.orm.max_html_chars) + "YES NO")
     out = Path(run_dir) / "models" / "tokenizer"
-    train_embedded_tokenizer(texts, settings.models.embedded.vocab_size, out)
-    return ArtifactRef.of(out, "model")
+    real = versioned(out, output_key(settings, json.dumps(demos["episode_ids"])))
+    train_embedded_tokenizer(texts, settings.models.embedded.vocab_size, real)
+    publish(out, real)
+    return ArtifactRef.of(real, "model")
 
 
 def sft_actor(settings: WebRLSettings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
@@ -211,11 +251,14 @@ def sft_actor(settings: WebRLSettings, run_dir: str, tokenizer_ref: ArtifactRef,
     eps, by_ep = _episodes_with_steps(store, demos["episode_ids"])
     pairs = [(s["prompt"], s["response"]) for e in eps if (e.get("env_score") or 0) >= 1.0
              for s in by_ep.get(e["episode_id"], [])]
-    base = Path(run_dir) / "models" / "phase=0" / "init"
+    key = output_key(settings, tokenizer_ref, json.dumps(demos["episode_ids"]))
+    base = versioned(Path(run_dir) / "models" / "phase=0" / "init", key)
     build_embedded_model(tokenizer_ref.path, settings.models.embedded, base, seed=settings.run.seed)
     out = Path(run_dir) / "models" / "phase=0" / "actor"
-    metrics = sft_train(pairs, base, out, settings)
-    return ArtifactRef.of(out, "model"), {"sft_pairs": len(pairs), **_numeric(metrics)}
+    real = versioned(out, key)
+    metrics = sft_train(pairs, base, real, settings)
+    publish(out, real)
+    return ArtifactRef.of(real, "model"), {"sft_pairs": len(pairs), **_numeric(metrics)}
 
 
 def train_orm_stage(settings: WebRLSettings, run_dir: str, rollouts: list[dict], base_ref: ArtifactRef
@@ -230,12 +273,14 @@ def train_orm_stage(settings: WebRLSettings, run_dir: str, rollouts: list[dict],
     examples = orm_examples_from_episodes(eps, by_ep, labels, settings.orm.max_html_chars)
     train, held = split_examples(examples, settings.orm.eval_fraction, seed=settings.run.seed)
     out = Path(run_dir) / "models" / "phase=0" / "orm"
-    train_orm(train, base_ref.path, out, settings.orm, settings.models, seed=settings.run.seed)
-    metrics = evaluate_orm(OrmScorer(out, settings.orm, settings.models), held) if held else {}
+    real = versioned(out, output_key(settings, base_ref, json.dumps(ids)))
+    train_orm(train, base_ref.path, real, settings.orm, settings.models, seed=settings.run.seed)
+    publish(out, real)
+    metrics = evaluate_orm(OrmScorer(real, settings.orm, settings.models), held) if held else {}
     metrics = {f"orm_heldout_{k}": v for k, v in _numeric(metrics).items()}
     metrics.update(orm_train_examples=len(train), orm_heldout_examples=len(held),
                    orm_positive_share=sum(labels.values()) / max(1, len(labels)))
-    return ArtifactRef.of(out, "model"), metrics
+    return ArtifactRef.of(real, "model"), metrics
 
 
 def init_critic(settings: WebRLSettings, run_dir: str, actor_ref: ArtifactRef) -> ArtifactRef:
@@ -243,10 +288,12 @@ def init_critic(settings: WebRLSettings, run_dir: str, actor_ref: ArtifactRef) -
     from webrl_core.critic import Critic
 
     out = Path(run_dir) / "models" / "phase=0" / "critic"
+    real = versioned(out, output_key(settings, actor_ref))
     Critic.from_backbone(actor_ref.path, head_init_std=settings.critic.head_init_std,
                          max_length=settings.models.max_length, dtype=settings.models.dtype,
-                         device=settings.models.device, seed=settings.run.seed).save(out)
-    return ArtifactRef.of(out, "model")
+                         device=settings.models.device, seed=settings.run.seed).save(real)
+    publish(out, real)
+    return ArtifactRef.of(real, "model")
 
 
 # ----------------------------------------------------------------------------------------- curriculum
@@ -285,7 +332,8 @@ def generate_tasks(settings: WebRLSettings, run_dir: str, phase: int, seed_purpo
     for i, c in enumerate(cands):
         c["task_id"] = f"p{phase}-g{i:04d}"
     per_site = _count_sites(cands)
-    ref = write_json(cands, phase_dir(run_dir, "tasks", phase) / "generated.json")
+    ref = _vjson(cands, phase_dir(run_dir, "tasks", phase) / "generated.json",
+                 output_key(settings, labelled_state(run_dir, phase - 1)))
     return ref, {"seed_failed": len(failed), "generated": len(cands), **{f"generated_{k}": v for k, v in per_site.items()}}
 
 
@@ -348,7 +396,8 @@ def filter_tasks(settings: WebRLSettings, run_dir: str, phase: int, candidates_r
     rng = random.Random(settings.run.seed * 31 + phase)
     rng.shuffle(kept)
     kept = sorted(kept[: settings.curriculum.tasks_per_phase], key=lambda t: t["task_id"])
-    ref = write_json(kept, phase_dir(run_dir, "tasks", phase) / "filtered.json")
+    ref = _vjson(kept, phase_dir(run_dir, "tasks", phase) / "filtered.json",
+                 output_key(settings, candidates_ref, critic_ref, trained_critic, orm_ref))
     return ref, {"filter": how, "candidates": len(cands), "kept_by_critic": len(kept), "dropped": len(dropped),
                  **{f"kept_{k}": v for k, v in _count_sites(kept).items()}}
 
@@ -364,7 +413,7 @@ def materialise_tasks(run_dir: str, phase: int, tasks_ref: ArtifactRef) -> Artif
         (folder / f"{t['task_id']}.json").write_text(json.dumps(t, indent=1))
     TrajectoryStore(run_dir).write_tasks([to_task_row(t, phase, "generated", t.get("parent_task_id"), t.get("family"))
                                           for t in tasks])
-    return write_json(tasks, phase_dir(run_dir, "tasks", phase) / "tasks.json")
+    return _vjson(tasks, phase_dir(run_dir, "tasks", phase) / "tasks.json", tasks_ref.sha256[:12])
 
 
 # ----------------------------------------------------------------------------------------- labels and data
@@ -400,7 +449,8 @@ def build_samples(settings: WebRLSettings, run_dir: str, phase: int, rollouts: d
     store = TrajectoryStore(run_dir)
     eps, by_ep = _episodes_with_steps(store, rollouts["episode_ids"])
     samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
-    ref = _write_jsonl(samples, phase_dir(run_dir, "data", phase) / "samples.jsonl")
+    ref = _write_jsonl(samples, phase_dir(run_dir, "data", phase) / "samples.jsonl",
+                       output_key(settings, json.dumps(rollouts["episode_ids"]), labelled_state(run_dir, phase)))
     return ref, {"samples": len(samples), "positive_samples": sum(1 for s in samples if s["trajectory_reward"] > 0)}
 
 
@@ -410,8 +460,9 @@ def select_replay(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: 
     rc = settings.replay
     n_current = len(_read_jsonl(samples_ref))
     out = phase_dir(run_dir, "data", phase) / "replay.jsonl"
+    key = output_key(settings, actor_ref, samples_ref)
     if not rc.enabled:
-        return _write_jsonl([], out), {"replay_candidates": 0, "replay_kept": 0}
+        return _write_jsonl([], out, key), {"replay_candidates": 0, "replay_kept": 0}
     from webrl_core.models import load_causal_lm, load_tokenizer
     from webrl_core.replay import score_replay
     from webrl_core.transitions import build_transitions
@@ -428,7 +479,7 @@ def select_replay(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: 
     samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
     kept = [dict(x, rank_score=rank[(x["episode_id"], x["step_idx"])]) for x in samples
             if (x["episode_id"], x["step_idx"]) in rank]
-    ref = _write_jsonl(kept, out)
+    ref = _write_jsonl(kept, out, key)
     return ref, {"replay_candidates": len(rows), "replay_kept": len(kept), **_numeric(info)}
 
 
@@ -440,8 +491,10 @@ def train_critic_stage(settings: WebRLSettings, run_dir: str, phase: int, sample
 
     samples = _read_jsonl(samples_ref) + _read_jsonl(replay_ref)
     out = Path(run_dir) / "models" / f"phase={phase}" / "critic"
-    metrics = train_critic(samples, backbone_ref.path, out, settings, resume=prev_critic_ref.path)
-    return ArtifactRef.of(out, "model"), _numeric(metrics)
+    real = versioned(out, output_key(settings, samples_ref, replay_ref, backbone_ref, prev_critic_ref))
+    metrics = train_critic(samples, backbone_ref.path, real, settings, resume=prev_critic_ref.path)
+    publish(out, real)
+    return ArtifactRef.of(real, "model"), _numeric(metrics)
 
 
 def train_actor_stage(settings: WebRLSettings, run_dir: str, phase: int, samples_ref: ArtifactRef,
@@ -451,8 +504,10 @@ def train_actor_stage(settings: WebRLSettings, run_dir: str, phase: int, samples
 
     samples = _read_jsonl(samples_ref) + _read_jsonl(replay_ref)
     out = Path(run_dir) / "models" / f"phase={phase}" / "actor"
-    metrics = train_actor(samples, actor_ref.path, out, settings, critic_dir=critic_ref.path)
-    return ArtifactRef.of(out, "model"), _numeric(metrics)
+    real = versioned(out, output_key(settings, samples_ref, replay_ref, actor_ref, critic_ref))
+    metrics = train_actor(samples, actor_ref.path, real, settings, critic_dir=critic_ref.path)
+    publish(out, real)
+    return ArtifactRef.of(real, "model"), _numeric(metrics)
 
 
 # ----------------------------------------------------------------------------------------- evaluation
@@ -473,7 +528,7 @@ def evaluate(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: Artif
              "errors": sum(v["errors"] for v in table.values())}
     result = {"phase": phase, "sites": table, "total": total,
               "success_rate": total["success"] / max(1, total["n"]), "actor": actor_ref.path if actor_ref else purpose}
-    ref = write_json(result, Path(run_dir) / "eval" / f"phase={phase}.json")
+    ref = _vjson(result, Path(run_dir) / "eval" / f"phase={phase}.json", output_key(settings, actor_ref, test_ref))
     metrics = {"test_success_rate": result["success_rate"],
                **{f"test_success_{s}": v["success"] / max(1, v["n"]) for s, v in table.items()}}
     return ref, metrics
@@ -491,15 +546,24 @@ def _count_sites(tasks: list[dict]) -> dict[str, int]:
     return out
 
 
-def _write_jsonl(rows: list[dict], path: Path) -> ArtifactRef:
+def _vjson(obj, path: Path, key: str) -> ArtifactRef:
+    real = versioned(path, key)
+    ref = write_json(obj, real)
+    publish(path, real)
+    return ref
+
+
+def _write_jsonl(rows: list[dict], path: Path, key: str) -> ArtifactRef:
     import os
 
-    tmp = path.with_suffix(path.suffix + ".tmp")
+    real = versioned(path, key)
+    tmp = real.with_suffix(real.suffix + ".tmp")
     with open(tmp, "w") as fh:
         for r in rows:
             fh.write(json.dumps(r, sort_keys=True, default=str) + "\n")
-    os.replace(tmp, path)
-    return ArtifactRef.of(path, "dataset")
+    os.replace(tmp, real)
+    publish(path, real)
+    return ArtifactRef.of(real, "dataset")
 
 
 def _read_jsonl(ref: ArtifactRef) -> list[dict]:

@@ -1,0 +1,198 @@
+"""End-to-end flow tests on the `smoke` config: real Prefect (ephemeral API and a real server + worker),
+real Chromium against the embedded sites, real DuckDB store, real MLflow store.
+
+One session fixture runs the bootstrap and phase 1 once; the tests then check caching, a knob change,
+reproduction, kill-and-resume and a deployment run against that run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from webrl_core.store import TrajectoryStore
+
+pytestmark = pytest.mark.slow
+WEBRL = str(Path(sys.executable).parent / "webrl")
+
+
+def _env(root: Path) -> dict:
+    env = dict(os.environ, PREFECT_HOME=str(root / ".prefect"),
+               PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(root / ".prefect-results"),
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENIZERS_PARALLELISM="false")
+    for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):  # ephemeral Prefect API, MLflow store in the run dir
+        env.pop(k, None)
+    return env
+
+
+def _webrl(root: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    r = subprocess.run([WEBRL, *args], env=_env(root), capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise AssertionError(f"webrl {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}")
+    return r
+
+
+def _task_states(root: Path, flow_name: str) -> dict[str, str]:
+    """State of every task run of the latest run of `flow_name`, from the Prefect database."""
+    con = sqlite3.connect(root / ".prefect" / "prefect.db")
+    try:
+        fr = con.execute("""SELECT flow_run.id FROM flow_run JOIN flow ON flow.id = flow_run.flow_id
+                            WHERE flow.name = ? ORDER BY flow_run.created DESC LIMIT 1""", (flow_name,)).fetchone()
+        rows = con.execute("SELECT name, state_name FROM task_run WHERE flow_run_id = ?", (fr[0],)).fetchall()
+    finally:
+        con.close()
+    return {name: state for name, state in rows}
+
+
+def _target(p: Path) -> str:
+    return os.readlink(p)
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flows")
+    cfg = root / "smoke.yaml"
+    cfg.write_text(yaml.safe_dump({"extends": "smoke", "run": {"name": "smoke", "root": str(root)}}))
+    run = root / "smoke"
+    t0 = time.perf_counter()
+    _webrl(root, "bootstrap", "--config", str(cfg))
+    _webrl(root, "phase", "--config", str(cfg), "--phase", "1")
+    print(f"bootstrap + phase 1: {time.perf_counter() - t0:.0f} s")
+    return root, cfg, run
+
+
+def test_bootstrap_and_phase_write_store_models_and_mlflow(smoke_run):
+    import mlflow
+
+    root, cfg, run = smoke_run
+    store = TrajectoryStore(run)
+    eps = store.episodes()
+    by = {}
+    for e in eps:
+        by.setdefault((e["phase"], e["purpose"]), []).append(e)
+    assert len(by[(0, "eval")]) == 6 and len(by[(1, "eval")]) == 6  # the stratified test subset, twice
+    assert all(e["success"] for e in by[(0, "oracle")])  # the oracle demos are labelled by the sites
+    assert len(by[(1, "rollout")]) >= 1
+    assert all(e["orm_score"] is not None for e in by[(1, "rollout")])  # ORM-labelled
+    for name in ("actor", "critic"):
+        assert (run / "models" / "phase=1" / name).is_symlink()
+    assert (run / "models" / "phase=0" / "orm" / "config.json").exists()
+    assert json.loads((run / "eval" / "phase=1.json").read_text())["total"]["n"] == 6
+    assert (run / "plots" / "success_per_site.png").stat().st_size > 1000
+    assert (run / "viewer" / "index.html").exists()
+    client = mlflow.MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("webrl")
+    runs = {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+    assert {"webrl-bootstrap", "webrl-phase-1"} <= set(runs)
+    m = runs["webrl-phase-1"].data.metrics
+    assert "test_success_rate" in m and "orm_accuracy" in m and "generated" in m
+
+
+def test_rerun_is_all_cache_hits_with_identical_artifacts(smoke_run):
+    root, cfg, run = smoke_run
+    before = {n: _target(run / "models" / "phase=1" / n) for n in ("actor", "critic")}
+    t0 = time.perf_counter()
+    _webrl(root, "phase", "--config", str(cfg), "--phase", "1")
+    wall = time.perf_counter() - t0
+    states = _task_states(root, "webrl-phase")
+    assert states and all(s == "Cached" for s in states.values()), states
+    assert {n: _target(run / "models" / "phase=1" / n) for n in ("actor", "critic")} == before
+    print(f"cached re-run of phase 1: {wall:.1f} s")
+
+
+def test_changing_the_replay_window_reruns_only_downstream(smoke_run):
+    root, cfg, run = smoke_run
+    samples_before = _target(run / "data" / "phase=1" / "samples.jsonl")
+    replay_before = _target(run / "data" / "phase=1" / "replay.jsonl")
+    _webrl(root, "phase", "--config", str(cfg), "--phase", "1", "--set", "replay.low=0.05")
+    states = _task_states(root, "webrl-phase")
+    upstream = [n for n in states if n.split("-")[0] in ("generate", "filter", "materialise", "rollout", "orm", "build")]
+    assert upstream and all(states[n] == "Cached" for n in upstream), states
+    replay = [n for n in states if n.startswith("replay-selection")]
+    assert states[replay[0]] == "Completed", states
+    assert _target(run / "data" / "phase=1" / "samples.jsonl") == samples_before
+    replay_changed = _target(run / "data" / "phase=1" / "replay.jsonl") != replay_before
+    for n in states:
+        if n.startswith(("train-critic", "train-actor", "evaluate")):
+            assert states[n] == ("Completed" if replay_changed else "Cached"), (n, states)
+    # the default window again: everything comes back from the cache, the links point at the first version
+    _webrl(root, "phase", "--config", str(cfg), "--phase", "1")
+    assert all(s == "Cached" for s in _task_states(root, "webrl-phase").values())
+
+
+def test_reproduce_matches(smoke_run):
+    root, cfg, run = smoke_run
+    r = _webrl(root, "reproduce", str(run), "--phase", "1")
+    assert "all outputs match" in r.stdout, r.stdout
+
+
+def test_killed_phase_resumes_without_loss_or_duplicates(smoke_run):
+    root, cfg, run = smoke_run
+    store = TrajectoryStore(run)
+    proc = subprocess.Popen([WEBRL, "phase", "--config", str(cfg), "--phase", "2"], env=_env(root),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 900
+    while time.time() < deadline and proc.poll() is None:
+        if store.sql("SELECT count(*) AS n FROM episodes WHERE phase = 2 AND purpose = 'rollout'")[0]["n"] >= 1:
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, "phase 2 finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    first = {r["episode_id"]: r["_batch"] for r in store.sql(
+        "SELECT episode_id, _batch FROM episodes WHERE phase = 2 AND purpose = 'rollout'")}
+    assert first
+    _webrl(root, "phase", "--config", str(cfg), "--phase", "2")
+    tasks = json.loads((run / "tasks" / "phase=2" / "tasks.json").read_text())
+    rows = store.sql("SELECT episode_id, _batch FROM episodes WHERE phase = 2 AND purpose = 'rollout'")
+    assert len(rows) == len(tasks)  # every task exactly once
+    assert store.sql("""SELECT count(*) AS n FROM (SELECT episode_id, idx FROM steps WHERE phase = 2
+                        GROUP BY ALL HAVING count(*) > 1)""")[0]["n"] == 0
+    after = {r["episode_id"]: r["_batch"].split("-u")[0] for r in rows}
+    for eid, batch in first.items():  # episodes finished before the kill were not rolled out again
+        assert after[eid] == batch.split("-u")[0]
+    assert (run / "models" / "phase=2" / "actor").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_deployment_run_on_a_real_prefect_server(smoke_run):
+    import mlflow
+
+    from webrl_cli.prefect_stack import PrefectStack
+
+    root, cfg, run = smoke_run
+    client = mlflow.MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("webrl")
+    n_before = len(client.search_runs([exp.experiment_id], "attributes.run_name = 'webrl-phase-1'"))
+    stack = PrefectStack(root / "server-home", port=_free_port(), worker_poll_s=1, run_root=root)
+    try:
+        stack.start_server()
+        stack.deploy()
+        stack.start_worker()
+        r = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "webrl-phase/default",
+                            "--param", "phase=1", "--param", f"config={cfg}", "--param", f"run_dir={run}", "--watch",
+                            "--watch-timeout", "900"], env=stack.env(), capture_output=True, text=True, timeout=960)
+        assert r.returncode == 0 and "Completed" in r.stdout, r.stdout + r.stderr
+        ls = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "ls"], env=stack.env(),
+                            capture_output=True, text=True, timeout=120)
+        assert "webrl-phase/default" in ls.stdout and "webrl-train/demo" in ls.stdout, ls.stdout
+    finally:
+        stack.stop()
+    runs = client.search_runs([exp.experiment_id], "attributes.run_name = 'webrl-phase-1'")
+    assert len(runs) == n_before + 1 and runs[0].info.status == "FINISHED"
+    assert TrajectoryStore(run).sql("SELECT count(*) AS n FROM episodes WHERE phase = 1 AND purpose = 'eval'")[0]["n"] == 6

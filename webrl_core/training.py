@@ -28,10 +28,13 @@ among observations and next observations (V(s_{t+1}) of step t is V(s) of step t
 reference log-probs come from the freshly loaded actor itself before its first update (it IS pi_ref), so no second
 model is ever in memory. The results are dataset columns (ref_logp, n_action, adv, mask, beta0).
 
-Scaling out: the same code runs under ``accelerate launch`` (DDP, or DeepSpeed ZeRO via an accelerate config)::
+Scaling out: ``train_actor`` / ``train_critic`` / ``sft_train`` are written to run under ``accelerate launch``
+(DDP) unchanged, from a script that calls them on a phase's saved data, e.g.::
 
-    accelerate launch --num_processes 8 -m webrl_cli.main train ...        # or any script calling train_actor
-    accelerate launch --config_file zero3.yaml ...                          # ZeRO-3 when the model does not fit
+    accelerate launch --num_processes 8 my_train_actor.py    # loads data/phase=k/*.jsonl, calls train_actor
+
+(not exercised here: no GPU was available; the flows call the trainers in-process on one device, and DeepSpeed
+ZeRO-3 saving would need weight gathering before ``save_model``).
 
 The precompute is split across the processes and gathered (``accelerate.PartialState``); the trainers are
 ``transformers.Trainer`` subclasses, so data sharding, gradient sync and clipping come from Trainer/accelerate.

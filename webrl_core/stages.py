@@ -271,6 +271,7 @@ def train_orm_stage(settings: WebRLSettings, run_dir: str, rollouts: list[dict],
     eps, by_ep = _episodes_with_steps(store, ids)
     labels = {e["episode_id"]: (e.get("env_score") or 0) >= 1.0 for e in eps}
     examples = orm_examples_from_episodes(eps, by_ep, labels, settings.orm.max_html_chars)
+    examples = balance_classes(examples, seed=settings.run.seed)
     train, held = split_examples(examples, settings.orm.eval_fraction, seed=settings.run.seed)
     out = Path(run_dir) / "models" / "phase=0" / "orm"
     real = versioned(out, output_key(settings, base_ref, json.dumps(ids)))
@@ -281,6 +282,18 @@ def train_orm_stage(settings: WebRLSettings, run_dir: str, rollouts: list[dict],
     metrics.update(orm_train_examples=len(train), orm_heldout_examples=len(held),
                    orm_positive_share=sum(labels.values()) / max(1, len(labels)))
     return ArtifactRef.of(real, "model"), metrics
+
+
+def balance_classes(examples: list[dict], seed: int) -> list[dict]:
+    """Subsample the majority label so YES and NO are equally frequent: with the oracle demos the raw data is
+    mostly YES, and an ORM trained on it learns the prior (P(YES) above 0.5 for everything)."""
+    yes = [e for e in examples if e["completion"] == "YES"]
+    no = [e for e in examples if e["completion"] != "YES"]
+    n = min(len(yes), len(no))
+    if n == 0:
+        return examples
+    rng = random.Random(seed)
+    return sorted(rng.sample(yes, n) + rng.sample(no, n), key=lambda e: e["episode_id"])
 
 
 def init_critic(settings: WebRLSettings, run_dir: str, actor_ref: ArtifactRef) -> ArtifactRef:
@@ -306,6 +319,12 @@ def generate_tasks(settings: WebRLSettings, run_dir: str, phase: int, seed_purpo
     failed = store.sql("""SELECT DISTINCT e.site, e.task_id, e.intent, t.config_json FROM episodes e
                           JOIN tasks t USING (task_id) WHERE e.phase = $p AND e.purpose = $pur AND e.success = false
                           ORDER BY e.site, e.task_id""", {"p": prev, "pur": seed_purpose})
+    seed_source = "failed tasks"
+    if not failed:  # nothing failed (or the ORM says so): evolve from all of the previous phase's tasks instead
+        seed_source = "all tasks (no failures)"
+        failed = store.sql("""SELECT DISTINCT e.site, e.task_id, e.intent, t.config_json FROM episodes e
+                              JOIN tasks t USING (task_id) WHERE e.phase = $p AND e.purpose = $pur
+                              ORDER BY e.site, e.task_id""", {"p": prev, "pur": seed_purpose})
     by_site: dict[str, list[dict]] = {}
     for r in failed:
         by_site.setdefault(r["site"], []).append({"task_id": r["task_id"], "intent": r["intent"],
@@ -334,7 +353,7 @@ def generate_tasks(settings: WebRLSettings, run_dir: str, phase: int, seed_purpo
     per_site = _count_sites(cands)
     ref = _vjson(cands, phase_dir(run_dir, "tasks", phase) / "generated.json",
                  output_key(settings, labelled_state(run_dir, phase - 1)))
-    return ref, {"seed_failed": len(failed), "generated": len(cands), **{f"generated_{k}": v for k, v in per_site.items()}}
+    return ref, {"seed_source": seed_source, "seeds": len(failed), "generated": len(cands), **{f"generated_{k}": v for k, v in per_site.items()}}
 
 
 def start_page_html(settings: WebRLSettings, tasks: list[dict]) -> dict[str, str]:
@@ -492,6 +511,12 @@ def train_critic_stage(settings: WebRLSettings, run_dir: str, phase: int, sample
     samples = _read_jsonl(samples_ref) + _read_jsonl(replay_ref)
     out = Path(run_dir) / "models" / f"phase={phase}" / "critic"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, backbone_ref, prev_critic_ref))
+    if not samples:  # nothing to learn from this phase: the critic carries over unchanged (recorded)
+        import shutil
+
+        shutil.copytree(prev_critic_ref.path, real)
+        publish(out, real)
+        return ArtifactRef.of(real, "model"), {"n_samples": 0.0, "skipped": 1.0}
     metrics = train_critic(samples, backbone_ref.path, real, settings, resume=prev_critic_ref.path)
     publish(out, real)
     return ArtifactRef.of(real, "model"), _numeric(metrics)
@@ -505,6 +530,12 @@ def train_actor_stage(settings: WebRLSettings, run_dir: str, phase: int, samples
     samples = _read_jsonl(samples_ref) + _read_jsonl(replay_ref)
     out = Path(run_dir) / "models" / f"phase={phase}" / "actor"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, actor_ref, critic_ref))
+    if not samples:  # no new data and no replay: the actor carries over unchanged (recorded)
+        import shutil
+
+        shutil.copytree(actor_ref.path, real)
+        publish(out, real)
+        return ArtifactRef.of(real, "model"), {"n_samples": 0.0, "skipped": 1.0}
     metrics = train_actor(samples, actor_ref.path, real, settings, critic_dir=critic_ref.path)
     publish(out, real)
     return ArtifactRef.of(real, "model"), _numeric(metrics)

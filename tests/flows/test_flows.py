@@ -22,7 +22,7 @@ import yaml
 
 from webrl_core.store import TrajectoryStore
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 WEBRL = str(Path(sys.executable).parent / "webrl")
 
 

@@ -21,7 +21,7 @@ def test_mlflow_run_is_read_back_with_client(tmp_path, monkeypatch):
     client = mlflow.MlflowClient(tracking.tracking_uri(tmp_path))
     p = client.get_run(parent.info.run_id)
     c = client.get_run(child.info.run_id)
-    assert p.data.params["env.max_steps"] == "30" and p.data.params["run.name"] == "smoke"
+    assert p.data.params["env.max_steps"] == str(cfg.env.max_steps) and p.data.params["run.name"] == "smoke"
     assert p.data.metrics["success_rate"] == 0.25 and c.data.metrics["orm_accuracy"] == 0.9
     assert c.data.tags["mlflow.parentRunId"] == parent.info.run_id
     arts = [a.path for a in client.list_artifacts(child.info.run_id, "plots")]

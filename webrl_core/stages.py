@@ -181,7 +181,7 @@ def rollout(settings: WebRLSettings, run_dir: str, phase: int, purpose: str, tas
         policy = make_policy(settings, actor_ref.path if actor_ref else None, temperature, purpose)
         with site_session(settings) as hooks:
             run_rollout(todo, policy, settings.env.n_envs, cfg=settings.env, hooks=hooks, store=store, phase=phase,
-                        purpose=purpose, seed=seed, progress=True)
+                        purpose=purpose, seed=seed, progress=True, screenshot_dir=Path(run_dir) / "screenshots")
     ids = sorted(_eid(t, phase, purpose, seed) for t in tasks)
     rows = {e["episode_id"]: e for e in store.episodes(phase)}
     got = [rows[i] for i in ids if i in rows]

@@ -25,6 +25,7 @@ import hashlib
 import re
 import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 from webrl_core.agent_api import StepContext
@@ -110,7 +111,7 @@ class _Batcher:
 
 
 async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batcher, cfg,
-                       steps: list[dict], timing: dict) -> dict:
+                       steps: list[dict], timing: dict, screenshot_dir=None) -> dict:
     """One attempt. Appends step dicts to ``steps`` as it goes; returns the episode fields it knows."""
     watchdog = (cfg.settle_timeout_ms + 3 * cfg.action_timeout_ms) / 1000 + 30
     t = time.perf_counter()
@@ -121,6 +122,10 @@ async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batch
     done = False
     while not done:
         idx = len(past)
+        if screenshot_dir is not None and env.page is not None:  # the page the agent acts on (viewer)
+            shot = Path(screenshot_dir) / episode_id / f"{idx}.png"
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            await env.page.screenshot(path=str(shot))
         prompt = build_prompt(intent, past, obs.html, cfg.obs_char_budget)
         ctx = StepContext(task=env.task, html=obs.html, url=obs.url, step=idx, past_responses=list(past),
                           episode_id=episode_id)
@@ -147,8 +152,12 @@ async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batch
 
 async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, store=None, phase: int = 0,
                   purpose: str = "rollout", policy_id: str | None = None, seed: int = 0,
-                  progress: bool = True, judge=None, pool: BrowserPool | None = None) -> list[dict]:
-    """Run every task once (duplicates = more samples) and return episode dicts (each with a ``steps`` list)."""
+                  progress: bool = True, judge=None, pool: BrowserPool | None = None,
+                  screenshot_dir=None) -> list[dict]:
+    """Run every task once (duplicates = more samples) and return episode dicts (each with a ``steps`` list).
+
+    ``screenshot_dir``: with ``cfg.screenshots``, a PNG per step goes to ``<dir>/<episode_id>/<idx>.png``."""
+    screenshot_dir = screenshot_dir if getattr(cfg, "screenshots", False) else None
     policy_id = policy_id or getattr(policy, "policy_id", type(policy).__name__)
     seen: dict[str, int] = {}
     jobs: asyncio.Queue = asyncio.Queue()
@@ -197,7 +206,7 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
         for _try in range(cfg.episode_retries + 1):
             steps, timing = [], {"policy_s": 0.0, "env_s": 0.0}
             try:
-                out = await _run_episode(env, task, eid, batcher, cfg, steps, timing)
+                out = await _run_episode(env, task, eid, batcher, cfg, steps, timing, screenshot_dir)
             except PolicyError:
                 raise
             except Exception as e:  # crash, hang or a bug in the site: retry on a fresh context

@@ -23,8 +23,11 @@ def test_extends_overlay_and_set(tmp_path):
     cfg = load_config(child, [overlay], ["env.n_envs=7", "replay.low=0.4"])
     assert (cfg.run.name, cfg.run.seed, cfg.env.n_envs) == ("child", 3, 7)
     assert cfg.actor.loss == "paper" and cfg.replay.low == 0.4
-    # packaged names work in extends and as the file
+    # packaged names work in extends and as the file, even beside a directory of the same name (a run dir)
     assert load_config("smoke").run.name == "smoke"
+    (tmp_path / "smoke").mkdir()
+    (tmp_path / "mine.yaml").write_text("extends: smoke\n")
+    assert load_config(tmp_path / "mine.yaml").run.name == "smoke"
     assert "run:" in dump_config(cfg)
 
 

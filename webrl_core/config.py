@@ -282,9 +282,10 @@ def packaged_config_names() -> list[str]:
 
 def _resolve_ref(ref: str, base: Path | None) -> Path:
     cand = Path(os.path.expanduser(ref))
-    if not cand.is_absolute() and base is not None and (base.parent / cand).exists():
+    # files only: a run directory named like a packaged config (runs/smoke) must not shadow it
+    if not cand.is_absolute() and base is not None and (base.parent / cand).is_file():
         return base.parent / cand
-    if cand.exists():
+    if cand.is_file():
         return cand
     pk = packaged_config(ref)
     if pk.exists():

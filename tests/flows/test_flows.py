@@ -111,21 +111,24 @@ def test_rerun_is_all_cache_hits_with_identical_artifacts(smoke_run):
 
 
 def test_changing_the_replay_window_reruns_only_downstream(smoke_run):
+    from webrl_core.artifacts import sha256_path
+
     root, cfg, run = smoke_run
     samples_before = _target(run / "data" / "phase=1" / "samples.jsonl")
-    replay_before = _target(run / "data" / "phase=1" / "replay.jsonl")
+    actor_before = sha256_path(run / "models" / "phase=1" / "actor")
     _webrl(root, "phase", "--config", str(cfg), "--phase", "1", "--set", "replay.low=0.05")
     states = _task_states(root, "webrl-phase")
     upstream = [n for n in states if n.split("-")[0] in ("generate", "filter", "materialise", "rollout", "orm", "build")]
     assert upstream and all(states[n] == "Cached" for n in upstream), states
-    replay = [n for n in states if n.startswith("replay-selection")]
-    assert states[replay[0]] == "Completed", states
+    assert [states[n] for n in states if n.startswith("replay-selection")] == ["Completed"], states
     assert _target(run / "data" / "phase=1" / "samples.jsonl") == samples_before
-    replay_changed = _target(run / "data" / "phase=1" / "replay.jsonl") != replay_before
-    for n in states:
-        if n.startswith(("train-critic", "train-actor", "evaluate")):
-            assert states[n] == ("Completed" if replay_changed else "Cached"), (n, states)
-    # the default window again: everything comes back from the cache, the links point at the first version
+    downstream = [n for n in states if n.startswith(("train-critic", "train-actor", "evaluate"))]
+    assert len(downstream) == 3 and all(states[n] in ("Cached", "Completed") for n in downstream), states
+    # evaluation re-runs exactly when the actor's content changed (outputs are keyed by content)
+    actor_changed = sha256_path(run / "models" / "phase=1" / "actor") != actor_before
+    ev = [states[n] for n in downstream if n.startswith("evaluate")][0]
+    assert ev == ("Completed" if actor_changed else "Cached"), (actor_changed, states)
+    # the default window again: everything comes back from the cache
     _webrl(root, "phase", "--config", str(cfg), "--phase", "1")
     assert all(s == "Cached" for s in _task_states(root, "webrl-phase").values())
 

@@ -503,23 +503,31 @@ def select_replay(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: 
 
 
 # ----------------------------------------------------------------------------------------- training
+def _train_or_carry_over(out: Path, real: Path, samples: list[dict], prev_ref: ArtifactRef, train
+                         ) -> tuple[ArtifactRef, dict]:
+    """Train into ``real`` and publish it as ``out``; with no samples (no new data, no replay) the previous
+    model carries over unchanged, recorded as skipped."""
+    if samples:
+        metrics = _numeric(train(samples, real))
+    else:
+        import shutil
+
+        shutil.copytree(prev_ref.path, real)
+        metrics = {"n_samples": 0.0, "skipped": 1.0}
+    publish(out, real)
+    return ArtifactRef.of(real, "model"), metrics
+
+
 def train_critic_stage(settings: WebRLSettings, run_dir: str, phase: int, samples_ref: ArtifactRef,
                        replay_ref: ArtifactRef, backbone_ref: ArtifactRef, prev_critic_ref: ArtifactRef
                        ) -> tuple[ArtifactRef, dict]:
     from webrl_core.training import train_critic
 
-    samples = _read_jsonl(samples_ref) + _read_jsonl(replay_ref)
     out = Path(run_dir) / "models" / f"phase={phase}" / "critic"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, backbone_ref, prev_critic_ref))
-    if not samples:  # nothing to learn from this phase: the critic carries over unchanged (recorded)
-        import shutil
-
-        shutil.copytree(prev_critic_ref.path, real)
-        publish(out, real)
-        return ArtifactRef.of(real, "model"), {"n_samples": 0.0, "skipped": 1.0}
-    metrics = train_critic(samples, backbone_ref.path, real, settings, resume=prev_critic_ref.path)
-    publish(out, real)
-    return ArtifactRef.of(real, "model"), _numeric(metrics)
+    return _train_or_carry_over(
+        out, real, _read_jsonl(samples_ref) + _read_jsonl(replay_ref), prev_critic_ref,
+        lambda samples, dst: train_critic(samples, backbone_ref.path, dst, settings, resume=prev_critic_ref.path))
 
 
 def train_actor_stage(settings: WebRLSettings, run_dir: str, phase: int, samples_ref: ArtifactRef,
@@ -527,18 +535,11 @@ def train_actor_stage(settings: WebRLSettings, run_dir: str, phase: int, samples
                       ) -> tuple[ArtifactRef, dict]:
     from webrl_core.training import train_actor
 
-    samples = _read_jsonl(samples_ref) + _read_jsonl(replay_ref)
     out = Path(run_dir) / "models" / f"phase={phase}" / "actor"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, actor_ref, critic_ref))
-    if not samples:  # no new data and no replay: the actor carries over unchanged (recorded)
-        import shutil
-
-        shutil.copytree(actor_ref.path, real)
-        publish(out, real)
-        return ArtifactRef.of(real, "model"), {"n_samples": 0.0, "skipped": 1.0}
-    metrics = train_actor(samples, actor_ref.path, real, settings, critic_dir=critic_ref.path)
-    publish(out, real)
-    return ArtifactRef.of(real, "model"), _numeric(metrics)
+    return _train_or_carry_over(
+        out, real, _read_jsonl(samples_ref) + _read_jsonl(replay_ref), actor_ref,
+        lambda samples, dst: train_actor(samples, actor_ref.path, dst, settings, critic_dir=critic_ref.path))
 
 
 # ----------------------------------------------------------------------------------------- evaluation

@@ -213,6 +213,9 @@ class CurriculumConfig(Section):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the generator")
     model_name: str = Field("gpt-4o-2024-05-13", description="generator model name")
     hf_model: str | None = Field(None, description="local HF model folder for generator=hf")
+    min_kept_fraction: float = Field(
+        0.25, ge=0, le=1, description="if the value filter keeps fewer than this fraction of tasks_per_phase, top up "
+        "with the dropped tasks nearest the window (official: 0, a phase may get no tasks)")
     phase1_filter: Literal["skip", "orm"] = Field("skip", description="filter in phase 1 without a trained critic")
     human_review: bool = Field(False, description="pause the flow for approval of generated tasks in the Prefect UI")
     review_timeout_s: int = Field(3600, ge=1, description="seconds to wait for review before the default applies")

@@ -15,6 +15,9 @@ V = min of the two heads ([0.05, 0.75] by default; the official filter ORs the h
 Phase 1 has no trained critic: ``phase1_filter: skip`` keeps all, ``orm`` uses the ORM's P(YES) of the
 empty trajectory instead; the choice is recorded in the phase summary.
 
+If fewer than ``min_kept_fraction * tasks_per_phase`` pass, the dropped tasks nearest the window top the set
+up (``min_kept_fraction: 0`` is the official behaviour).
+
 De-duplication: a new task is dropped when its normalised intent (lowercase, collapsed whitespace, no
 trailing punctuation) equals that of any earlier task of the run or of another new task.
 """
@@ -173,3 +176,15 @@ def filter_by_value(tasks: list[dict], values: list[tuple[float, float, float]],
         t = dict(t, critic_value=float(v), critic_p1=float(p1), critic_p2=float(p2))
         (kept if low <= v <= high else dropped).append(t)
     return kept, dropped
+
+
+def top_up(kept: list[dict], dropped: list[dict], n_min: int, low: float, high: float) -> list[dict]:
+    """Add the dropped tasks whose value is nearest [low, high] until ``n_min`` are kept (marked ``filter_top_up``).
+
+    A young critic can put every candidate outside the window; an empty phase wastes the whole phase.
+    """
+    need = n_min - len(kept)
+    if need <= 0:
+        return kept
+    dist = lambda t: max(low - t["critic_value"], t["critic_value"] - high, 0.0)  # noqa: E731
+    return kept + [dict(t, filter_top_up=True) for t in sorted(dropped, key=dist)[:need]]

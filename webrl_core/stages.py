@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -383,7 +384,7 @@ def filter_tasks(settings: WebRLSettings, run_dir: str, phase: int, candidates_r
                  critic_ref: ArtifactRef | None, trained_critic: bool, orm_ref: ArtifactRef | None
                  ) -> tuple[ArtifactRef, dict]:
     """Keep tasks whose value on the Round-0 start-page prompt lies in [filter_low, filter_high]."""
-    from webrl_core.curriculum import filter_by_value
+    from webrl_core.curriculum import filter_by_value, top_up
     from webrl_core.prompts import build_orm_prompt, round0_prompt
 
     cands = read_json(candidates_ref)
@@ -412,12 +413,16 @@ def filter_tasks(settings: WebRLSettings, run_dir: str, phase: int, candidates_r
     else:
         how = "skip (no trained critic in phase 1)"
         kept, dropped = list(cands), []
+    n_passed = len(kept)
+    kept = top_up(kept, dropped, math.ceil(settings.curriculum.min_kept_fraction * settings.curriculum.tasks_per_phase),
+                  cc.filter_low, cc.filter_high)
     rng = random.Random(settings.run.seed * 31 + phase)
     rng.shuffle(kept)
     kept = sorted(kept[: settings.curriculum.tasks_per_phase], key=lambda t: t["task_id"])
     ref = _vjson(kept, phase_dir(run_dir, "tasks", phase) / "filtered.json",
                  output_key(settings, candidates_ref, critic_ref, trained_critic, orm_ref))
-    return ref, {"filter": how, "candidates": len(cands), "kept_by_critic": len(kept), "dropped": len(dropped),
+    return ref, {"filter": how, "candidates": len(cands), "kept_by_critic": n_passed, "kept": len(kept),
+                 "topped_up": sum(1 for t in kept if t.get("filter_top_up")), "dropped": len(dropped),
                  **{f"kept_{k}": v for k, v in _count_sites(kept).items()}}
 
 

@@ -252,6 +252,15 @@ async def _select(loc, wanted: str, timeout: int) -> None:
     raise ActionError(f"no option contains {wanted!r}; options: {info[:20]}")
 
 
+async def _press_enter(page, timeout: int) -> None:
+    """Enter on the focused element through a locator, so a form submission's navigation is waited for."""
+    focused = page.locator("*:focus")
+    if await focused.count() == 1:
+        await focused.press("Enter", timeout=timeout)
+    else:
+        await page.keyboard.press("Enter")
+
+
 async def execute(page, action: Action, *, viewport_height: int, timeout_ms: int, type_replaces: bool = True,
                   settle_timeout_ms: int = 3000) -> None:
     """Run one parsed (non-exit) action on the page. Raises ``ActionError`` (or a Playwright error)."""
@@ -262,8 +271,8 @@ async def execute(page, action: Action, *, viewport_height: int, timeout_ms: int
     elif name in ("Type", "Search"):
         loc = await _locate(page, action.element)
         await _type(page, loc, action.argument or "", type_replaces, t)
-        if name == "Search":
-            await page.keyboard.press("Enter")
+        if name == "Search":  # a locator press waits for the navigation it starts (page.keyboard does not)
+            await loc.press("Enter", timeout=t)
     elif name == "Hover":
         loc = await _locate(page, action.element)
         await loc.hover(timeout=t)
@@ -272,7 +281,7 @@ async def execute(page, action: Action, *, viewport_height: int, timeout_ms: int
     elif name == "Scroll Down":
         await _scroll(page, 1, viewport_height)
     elif name == "Press Enter":
-        await page.keyboard.press("Enter")
+        await _press_enter(page, t)
     elif name == "Select Dropdown Option":
         loc = await _locate(page, action.element)
         await _select(loc, action.argument or "", t)

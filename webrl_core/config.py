@@ -61,6 +61,9 @@ class SitesConfig(Section):
     host: str = Field("127.0.0.1", description="interface the embedded sites bind to (loopback only)")
     port: int = Field(0, ge=0, description="port of the embedded sites server; 0 picks a free one")
     data_seed: int = Field(0, description="seed of the embedded sites' generated data")
+    workers: Literal["process", "thread"] = Field(
+        "process", description="serve the embedded sites from a child process (no GIL contention with the rollout) "
+        "or a thread of the rollout process")
     auth_dir: str = Field(".auth", description="folder with <site>_state.json storage states for real WebArena")
 
     @field_validator("urls")
@@ -197,6 +200,9 @@ class ActorTrainConfig(Section):
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping (paper: 1.0)")
     sft_lr: float = Field(1e-3, gt=0, description="LR of the bootstrap SFT of the embedded actor")
     sft_epochs: float = Field(8.0, gt=0, description="epochs of the bootstrap SFT")
+    sft_loss: Literal["completion", "all"] = Field(
+        "completion", description="bootstrap SFT loss on the action tokens only (TRL default), or on the prompt too "
+        "(a from-scratch model learns the page format and copying from it much faster)")
     beta_high: float = Field(5.0, gt=0, description="official adaptive beta for confident references (low is 1)")
     paper_logratio: Literal["sum", "mean"] = Field(
         "sum", description="loss=paper: sequence log-ratio (sum, the paper's log pi(a|s)) or per-token mean")

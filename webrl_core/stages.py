@@ -87,7 +87,7 @@ def site_session(settings: WebRLSettings) -> Iterator[Any]:
         return
     from webrl_core.sites import EmbeddedSites
 
-    sites = EmbeddedSites(data_seed=settings.sites.data_seed, host=settings.sites.host)
+    sites = EmbeddedSites(data_seed=settings.sites.data_seed, host=settings.sites.host, workers=settings.sites.workers)
     sites.start()
     try:
         yield sites

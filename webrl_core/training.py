@@ -438,7 +438,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
 
     The prompt-completion examples are tokenised by ``models.encode_prompt_action`` (prompt ids + action ids +
     stop, observation cut first) and given to SFTTrainer as ``input_ids`` + ``completion_mask``, so the loss
-    covers exactly the action and its stop token."""
+    covers exactly the action and its stop token (``actor.sft_loss: all``: every token, for from-scratch models)."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
@@ -458,7 +458,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     out_dir = Path(out_dir)
     args = _trainer_args(SFTConfig, out_dir, settings, a.sft_lr, a.sft_epochs, a.batch_size, a.grad_accum,
                          a.max_grad_norm, max_steps, scheduler="cosine", warmup=0.1,  # the paper's SFT recipe
-                         completion_only_loss=True, max_length=settings.models.max_length,
+                         completion_only_loss=a.sft_loss == "completion", max_length=settings.models.max_length,
                          gradient_checkpointing=settings.models.gradient_checkpointing)
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
     t0 = time.perf_counter()

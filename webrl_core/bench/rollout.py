@@ -57,7 +57,7 @@ def _percentile(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def _target(target: str, episodes: int, seed: int):
+def _target(target: str, episodes: int, seed: int, sites_workers: str = "process"):
     """(tasks, policy, hooks, stop) for a target."""
     if target == "miniwob":
         from webrl_core.env.miniwob import ORACLE_TASKS, MiniWoBHooks, MiniWoBOracle, MiniWoBServer, miniwob_tasks
@@ -67,7 +67,7 @@ def _target(target: str, episodes: int, seed: int):
         return tasks, MiniWoBOracle(), MiniWoBHooks(srv), srv.stop
     if target == "embedded":
         from webrl_core.sites import EmbeddedSites, OraclePolicy, test_set
-        sites = EmbeddedSites(data_seed=0).start()
+        sites = EmbeddedSites(data_seed=0, workers=sites_workers).start()
         tasks = test_set(0)
         return tasks, OraclePolicy(), sites, sites.stop
     raise ValueError(f"unknown bench target {target!r}; allowed: miniwob, embedded")
@@ -113,11 +113,11 @@ async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg) -> dic
 
 
 def bench_rollout(target: str = "miniwob", n_envs_list: list[int] = (1, 4, 8, 16), episodes: int = 40,
-                  cfg=None, seed: int = 0, on_row=None) -> list[dict]:
+                  cfg=None, seed: int = 0, on_row=None, sites_workers: str = "process") -> list[dict]:
     """One row per n_envs (see module docstring)."""
     from webrl_core.config import EnvConfig
     cfg = cfg or EnvConfig()
-    tasks, policy, hooks, stop = _target(target, episodes + max(n_envs_list), seed)
+    tasks, policy, hooks, stop = _target(target, episodes + max(n_envs_list), seed, sites_workers)
     rows = []
     try:
         for n in n_envs_list:

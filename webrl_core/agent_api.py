@@ -29,6 +29,10 @@ class StepContext:
 
 @runtime_checkable
 class Policy(Protocol):
+    """``act`` answers a batch of prompts. A policy may set ``batched = False`` when a call costs the same for
+    one prompt as for many (scripted policies): the rollout then serves each request at once instead of
+    holding ready environments for busy ones (``env.batch_wait_s``)."""
+
     policy_id: str
 
     async def act(self, prompts: list[str], contexts: list[StepContext] | None = None) -> list[str]: ...

@@ -14,7 +14,9 @@ from webrl_core.env.rollout import episode_id_for, rollout
 
 
 class RecordingOracle(MiniWoBOracle):
-    """The MiniWoB oracle that records the size of every batch it is given."""
+    """The MiniWoB oracle that records the size of every batch it is given, batched like a model policy."""
+
+    batched = True
 
     def __init__(self) -> None:
         self.batches: list[int] = []

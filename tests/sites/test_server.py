@@ -43,6 +43,20 @@ def test_start_pages_and_shutdown_frees_ports():
             k.bind(("127.0.0.1", port))
 
 
+@pytest.mark.parametrize("workers", ["process", "thread"])
+def test_both_worker_modes_serve_and_stop(workers):
+    s = EmbeddedSites(data_seed=0, workers=workers, sites=("shopping", "map")).start()
+    child = s._proc
+    assert (child is not None) == (workers == "process")
+    assert httpx.get(s.urls["map"] + "/search?q=cafe").status_code == 200
+    s.end_episode("nobody")  # dropping an episode that never existed is fine
+    s.stop()
+    if child is not None:
+        assert child.poll() is not None  # the child process is gone
+    with pytest.raises(ValueError, match="workers"):
+        EmbeddedSites(workers="fork")
+
+
 def test_login_form_and_bad_password(sites):
     with httpx.Client(base_url=sites.urls["gitlab"]) as c:
         bad = c.post("/login", data={"username": "byteblaze", "password": "nope"})

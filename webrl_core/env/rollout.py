@@ -7,7 +7,8 @@ Contract:
 * every worker that needs an action puts its prompt (``build_prompt(intent, past_responses, html,
   cfg.obs_char_budget)``) into a shared batch; the batch goes to ONE ``policy.act(prompts, contexts)`` call
   as soon as no worker is busy with its browser, or the oldest request has waited ``cfg.batch_wait_s``
-  (one call in flight at a time, so requests that arrive during a call join the next one);
+  (one call in flight at a time, so requests that arrive during a call join the next one); a policy with
+  ``batched = False`` (scripted ones) is called as soon as any request is pending;
 * episode id = ``<purpose>-p<phase>-<task_id>-s<seed>-a<attempt>-<hash8>`` with attempt = how many times the
   task appeared earlier in ``tasks``: a re-run writes the same ids (the store overwrites, never duplicates);
 * an episode whose browser/page crashed (or hung past the step watchdog) is retried up to
@@ -171,7 +172,7 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
     own_pool = pool is None
     pool = pool or BrowserPool(cfg)
     await pool.start()
-    batcher = _Batcher(policy, cfg.batch_wait_s)
+    batcher = _Batcher(policy, cfg.batch_wait_s if getattr(policy, "batched", True) else 0.0)
     episodes: list[dict] = []
     bar = _Progress(len(tasks), progress)
 

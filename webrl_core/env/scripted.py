@@ -35,6 +35,7 @@ class ScriptedPolicy(ABC):
     """Base of policies that decide from the context: subclasses implement ``respond(ctx) -> str``."""
 
     policy_id = "scripted"
+    batched = False  # instant answers: holding ready environments for a batch only costs throughput
 
     @abstractmethod
     def respond(self, ctx: StepContext) -> str:

@@ -21,6 +21,7 @@ def oracle_response(ctx: StepContext) -> str:
 
 class OraclePolicy:
     policy_id = "oracle"
+    batched = False  # instant answers: no reason to hold environments for a batch
 
     async def act(self, prompts: list[str], contexts: list[StepContext] | None = None) -> list[str]:
         if contexts is None or len(contexts) != len(prompts):

@@ -147,7 +147,9 @@ class EmbeddedSites:
     def _start_child(self, socks: list[socket.socket], timeout: float) -> "EmbeddedSites":
         spec = {"sites": list(self.site_names), "workdir": str(self.workdir), "fds": [k.fileno() for k in socks]}
         env = dict(os.environ, WEBRL_SITES_SECRET=self.secret)
-        self._proc = subprocess.Popen([sys.executable, "-m", "webrl_core.sites.server", json.dumps(spec)],
+        # -c rather than -m: the package __init__ already imports this module (runpy would warn)
+        child = "import json, sys; from webrl_core.sites.server import _serve_child; _serve_child(json.loads(sys.argv[1]))"
+        self._proc = subprocess.Popen([sys.executable, "-c", child, json.dumps(spec)],
                                       pass_fds=spec["fds"], env=env, stdin=subprocess.DEVNULL)
         try:
             self.wait_ready(timeout)
@@ -266,6 +268,3 @@ def _serve_child(spec: dict) -> None:
 
     asyncio.run(main())
 
-
-if __name__ == "__main__":
-    _serve_child(json.loads(sys.argv[1]))

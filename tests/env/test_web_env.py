@@ -187,3 +187,18 @@ def test_viewport_only_off_and_bbox(pages_url, run_env):
         return obs.html
     html = run_env(fn, viewport_only=False, keep_bbox=True)
     assert "Far below" in html and 'data-bbox="' in html
+
+
+def test_outside_hosts_pattern_matches_only_other_hosts():
+    from webrl_core.env.browser import outside_hosts_pattern
+
+    allowed = ["127.0.0.1:33623", "example.com:80", "::1:8080"]
+    p = outside_hosts_pattern(allowed)
+    for url in ["http://127.0.0.1:33623/x?y=1", "http://127.0.0.1:33623", "http://127.0.0.1:33623?q=1",
+                "http://example.com/", "http://EXAMPLE.com:80/a", "http://[::1]:8080/", "data:text/html,hi",
+                "about:blank"]:
+        assert not p.search(url), url
+    for url in ["http://127.0.0.1:3362/", "http://127.0.0.1:336230/", "https://evil.com/",
+                "http://example.com.evil.org/", "http://[::1]:8081/", "http://user@127.0.0.1:33623/"]:
+        assert p.search(url), url
+    assert outside_hosts_pattern([]).search("http://127.0.0.1:1/")  # nothing allowed: every host is outside

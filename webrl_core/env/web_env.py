@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from webrl_core.env.actions import (Action, ActionError, ActionParseError, execute, is_crash, parse_action)
-from webrl_core.env.browser import BrowserPool, NoHooks, SiteHooks, substitute_urls, url_host
+from webrl_core.env.browser import BrowserPool, NoHooks, SiteHooks, outside_hosts_pattern, substitute_urls, url_host
 from webrl_core.env.observation import Observation, RequestTracker, extract
 
 
@@ -122,7 +122,7 @@ class WebEnv:
             self.context = await self.pool.new_context(self.slot, storage_state=storage,
                                                        geolocation=self.task.get("geolocation"))
             if self.cfg.block_other_hosts and self._allowed:
-                await self.context.route(lambda url: not self._allowed_url(url), self._route)
+                await self.context.route(outside_hosts_pattern(self._allowed), self._route)
             await self.hooks.prepare_context(self.context, self.task, episode_id)
             pages = []
             for url in urls:

@@ -96,7 +96,7 @@ class EmbeddedSites:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 20.0) -> "EmbeddedSites":
+    def start(self, timeout: float = 60.0) -> "EmbeddedSites":
         if self._thread is not None or self._proc is not None:
             return self
         if self.workdir is None:
@@ -149,14 +149,18 @@ class EmbeddedSites:
         env = dict(os.environ, WEBRL_SITES_SECRET=self.secret)
         # -c rather than -m: the package __init__ already imports this module (runpy would warn)
         child = "import json, sys; from webrl_core.sites.server import _serve_child; _serve_child(json.loads(sys.argv[1]))"
-        self._proc = subprocess.Popen([sys.executable, "-c", child, json.dumps(spec)],
-                                      pass_fds=spec["fds"], env=env, stdin=subprocess.DEVNULL)
+        log = self.workdir / "sites-child.log"
+        with open(log, "ab") as out:
+            self._proc = subprocess.Popen([sys.executable, "-c", child, json.dumps(spec)], pass_fds=spec["fds"],
+                                          env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         try:
             self.wait_ready(timeout)
         except Exception as e:
             code = self._proc.poll()
+            tail = log.read_text(errors="replace")[-2000:]
             self.stop()
-            raise RuntimeError(f"embedded sites child did not serve within {timeout}s (exit code {code}): {e}") from e
+            raise RuntimeError(f"embedded sites child did not serve within {timeout}s (exit code {code}): {e}\n"
+                               f"{log}:\n{tail}") from e
         return self
 
     def stop(self) -> None:

@@ -111,3 +111,35 @@ def test_concurrent_episodes_are_isolated(sites):
     sites.end_episode("iso-a")
     assert not sites.kits["shopping_admin"].dbs.path("iso-a").exists()
     assert sites.kits["shopping_admin"].dbs.path("iso-b").exists()
+
+
+def test_a_reused_tab_starts_each_episode_fresh(sites):
+    """WebEnv keeps its tab between embedded episodes: new cookies, fresh database copy, empty history."""
+    from webrl_core.env.browser import BrowserPool
+    from webrl_core.env.web_env import WebEnv
+
+    cfg = load_config().env
+    task = {"task_id": "reuse", "sites": ["shopping_admin"], "require_login": True, "intent": "edit a price",
+            "start_url": "__SHOPPING_ADMIN__/product/7/edit"}
+
+    async def main():
+        async with BrowserPool(cfg) as pool:
+            env = WebEnv(pool, cfg, sites)
+            await env.reset(task, "reuse-a")
+            first_page = env.page
+            seeded = await env.page.input_value("#price")
+            await env.page.fill("#price", "12.34")
+            await env.page.click("button[type=submit]")
+            await env.page.wait_for_url("**saved=1")
+            await env.reset(task, "reuse-b")
+            same_tab = env.page is first_page
+            fresh = await env.page.input_value("#price")
+            _, _, info = await env.step('do(action="Go backward")')
+            cookies = {c["name"]: c["value"] for c in await env.context.cookies()}
+            await env.close()
+            return seeded, fresh, same_tab, info, cookies
+
+    seeded, fresh, same_tab, info, cookies = asyncio.run(main())
+    assert same_tab and fresh == seeded != "12.34"  # episode b sees the seeded database, not a's edit
+    assert "no previous page" in (info.get("error") or "")  # a's pages are not in b's history
+    assert cookies.get("webrl_episode") == "reuse-b"

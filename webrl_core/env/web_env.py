@@ -93,7 +93,12 @@ class WebEnv:
         return self._trackers[page]
 
     async def _soft_reset(self, urls: list[str]) -> bool:
-        """Reuse the open context (hooks with ``reuse_context = True``, e.g. MiniWoB++): one tab, at the start URL."""
+        """Reuse the open context (hooks with ``reuse_context = True``): one tab, at the start URL.
+
+        MiniWoB++ pages restart in place. Hooks that also set ``fresh_session_on_reuse = True`` (the embedded
+        sites, whose per-episode state lives behind a cookie) get their cookies replaced through
+        ``prepare_context``, the tab's back/forward history emptied and the start page loaded again, so the
+        episode sees nothing of the previous one; a new context would cost a renderer start (~150 ms CPU)."""
         if not getattr(self.hooks, "reuse_context", False) or self.context is None or self.page is None \
                 or self.page.is_closed() or len(urls) != 1:
             return False
@@ -101,9 +106,28 @@ class WebEnv:
             if p is not self.page:
                 await p.close()
         self._new_pages = []
-        if self.page.url.split("#")[0] != urls[0]:
+        if getattr(self.hooks, "fresh_session_on_reuse", False):
+            await self.context.clear_cookies()
+            await self.hooks.prepare_context(self.context, self.task, self.episode_id)
+            await self.page.goto(urls[0], wait_until="domcontentloaded")
+            await self._reset_history()
+        elif self.page.url.split("#")[0] != urls[0]:
             await self.page.goto(urls[0], wait_until="domcontentloaded")
         return True
+
+    async def _reset_history(self) -> None:
+        """Empty the tab's back/forward list (Chromium's CDP; other browsers open a fresh tab instead)."""
+        try:
+            cdp = await self.context.new_cdp_session(self.page)
+            await cdp.send("Page.resetNavigationHistory")
+            await cdp.detach()
+        except Exception:
+            old = self.page
+            self.page = await self.context.new_page()
+            self._track(self.page)
+            await self.page.goto(old.url, wait_until="domcontentloaded")
+            await old.close()
+            self._new_pages = []
 
     async def reset(self, task: dict, episode_id: str) -> Observation:
         """Open a fresh context for ``task`` (or reuse it, see ``_soft_reset``) and return the first observation."""

@@ -71,6 +71,10 @@ def build_app(site: str, kit: SiteKit) -> Starlette:
 class EmbeddedSites:
     """Start/stop the five sites; implements the env's SiteHooks protocol (see module docstring)."""
 
+    # an environment keeps its tab between episodes: new cookies (episode database + logins), empty history
+    reuse_context = True
+    fresh_session_on_reuse = True
+
     def __init__(self, data_seed: int = 0, host: str = "127.0.0.1", workdir: str | Path | None = None,
                  sites: tuple[str, ...] = tuple(SITES), workers: str = "process"):
         if workers not in ("process", "thread"):

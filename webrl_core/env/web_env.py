@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from webrl_core.env.actions import (Action, ActionError, ActionParseError, execute, is_crash, parse_action)
-from webrl_core.env.browser import BrowserPool, NoHooks, SiteHooks, outside_hosts_pattern, substitute_urls, url_host
+from webrl_core.env.browser import BrowserPool, NoHooks, SiteHooks, outside_hosts_pattern, substitute_urls
 from webrl_core.env.observation import Observation, RequestTracker, extract
 
 
@@ -73,10 +73,6 @@ class WebEnv:
             return fn(task)
         ref = task.get("storage_state")
         return ref if ref and Path(ref).is_file() else None
-
-    def _allowed_url(self, url: str) -> bool:
-        host = url_host(url)
-        return not host or host in self._allowed
 
     async def _route(self, route) -> None:
         req = route.request

@@ -9,7 +9,7 @@ Contract (the env's ``SiteHooks``):
   - ``end_episode(episode_id)``: deletes the episode's database copies (call after scoring);
   - ``eval_helpers()``: {} -- our program_html checks use JS locators, no Python helpers.
 ``workers="process"`` (the default) serves all five from one child process: the request handlers then do not
-compete for the rollout process's GIL with Playwright's client (measured: see ``webrl bench rollout``);
+compete for the rollout process's GIL with Playwright's client, and a crash of either side spares the other;
 ``workers="thread"`` serves them from a background thread of this process. The parent binds the sockets
 (so ports are known at once) and hands them to the child; ``stop()`` ends the child and closes the sockets.
 """

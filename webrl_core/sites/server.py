@@ -107,9 +107,8 @@ class EmbeddedSites:
             self.workdir = Path(tempfile.mkdtemp(prefix="webrl-sites-"))
         socks = []
         for site in self.site_names:
-            mod, cookie, accounts, _ = SITES[site]
-            tmpl = write_template(site, self.data_seed, self.workdir / f"{site}.template.sqlite")
-            self.kits[site] = SiteKit(site, EpisodeDBs(tmpl, self.workdir / site), self.secret, cookie, accounts)
+            write_template(site, self.data_seed, self.workdir / f"{site}.template.sqlite")
+            self.kits[site] = _kit(site, self.workdir, self.secret)
             sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET, socket.SOCK_STREAM)
             sock.bind((self.host, 0))
             sock.listen(128)
@@ -242,6 +241,12 @@ class EmbeddedSites:
                     time.sleep(0.05)
 
 
+def _kit(site: str, workdir: Path, secret: str) -> SiteKit:
+    """The site's kit over the template the parent wrote into ``workdir`` (shared by parent and child)."""
+    _, cookie, accounts, _ = SITES[site]
+    return SiteKit(site, EpisodeDBs(workdir / f"{site}.template.sqlite", workdir / site), secret, cookie, accounts)
+
+
 def _server(app: Starlette) -> uvicorn.Server:
     return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                          timeout_keep_alive=30))
@@ -256,9 +261,7 @@ def _serve_child(spec: dict) -> None:
     workdir = Path(spec["workdir"])
     servers, socks = [], []
     for site, fd in zip(spec["sites"], spec["fds"]):
-        _, cookie, accounts, _ = SITES[site]
-        kit = SiteKit(site, EpisodeDBs(workdir / f"{site}.template.sqlite", workdir / site), secret, cookie, accounts)
-        servers.append(_server(build_app(site, kit)))
+        servers.append(_server(build_app(site, _kit(site, workdir, secret))))
         socks.append(socket.socket(fileno=fd))
     parent = os.getppid()
 
@@ -273,6 +276,8 @@ def _serve_child(spec: dict) -> None:
             if os.getppid() != parent:  # the rollout process died (kill -9): do not linger
                 stop()
             await asyncio.sleep(0.5)
+        for t in tasks:  # a server that failed to start must not end the child silently with exit code 0
+            t.result()
 
     asyncio.run(main())
 

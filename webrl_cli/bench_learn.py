@@ -23,7 +23,8 @@ def register(app: typer.Typer) -> None:
     def bench_train(episodes: int = typer.Option(16, help="synthetic episodes (half successful)"),
                     steps: int = typer.Option(4, help="steps per episode"),
                     html_chars: str = typer.Option("1500,4000", help="min,max characters of synthetic HTML per step"),
-                    batch_size: int = typer.Option(8, help="our micro-batch (the official method uses 1)"),
+                    batch_size: int = typer.Option(8, help="our samples per optimizer step (the official: 2, batch 1 x GA 2)"),
+                    micro_batch_size: int = typer.Option(0, help="our samples per forward pass (0: the default, 1 on CPU)"),
                     seed: int = typer.Option(0, help="seed of the synthetic data and the model"),
                     threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
                     out: str = typer.Option(None, help="write the numbers as JSON to this file")):
@@ -31,4 +32,5 @@ def register(app: typer.Typer) -> None:
         of reference and critic values; wall times, ratio and MFU against a measured fp32 matmul peak."""
         from webrl_core.bench.train import run as run_train
         run_train(episodes=episodes, steps=steps, html_chars=tuple(int(x) for x in html_chars.split(",")),
-                  batch_size=batch_size, seed=seed, threads=threads, out=out)
+                  batch_size=batch_size, micro_batch_size=micro_batch_size or None, seed=seed,
+                  threads=threads, out=out)

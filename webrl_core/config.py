@@ -195,8 +195,11 @@ class ActorTrainConfig(Section):
     margin: float = Field(0.05, ge=0, description="official advantage margin subtracted from V(s')-V(s)")
     lr: float = Field(1e-4, gt=0, description="actor LR; paper 1e-6 for 8B; the tiny embedded model needs ~1e-4 to move")
     epochs: float = Field(1.0, gt=0, description="actor epochs per phase (paper: 1)")
-    batch_size: int = Field(8, ge=1, description="actor micro-batch")
+    batch_size: int = Field(8, ge=1, description="samples per optimizer step (x grad_accum)")
     grad_accum: int = Field(1, ge=1, description="gradient accumulation steps")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="samples per forward pass (must divide batch_size; accumulation makes up the rest). "
+        "None: 1 on CPU, where padding costs more than batching saves (`webrl bench train`), else batch_size")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping (paper: 1.0)")
     sft_lr: float = Field(1e-3, gt=0, description="LR of the bootstrap SFT of the embedded actor")
     sft_epochs: float = Field(8.0, gt=0, description="epochs of the bootstrap SFT")

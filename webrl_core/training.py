@@ -98,10 +98,22 @@ def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_
                train_sampling_strategy="group_by_length", **extra)  # less padding; uses the "length" column
 
 
+def actor_micro_batches(settings) -> tuple[int, int]:
+    """(samples per forward pass, accumulation steps) for ``actor.batch_size`` x ``actor.grad_accum`` samples per
+    optimizer step. On CPU the default micro-batch is 1: padded batches of mixed lengths cost more than they save
+    there (``webrl bench train``); on an accelerator the whole batch goes in one pass."""
+    a = settings.actor
+    micro = a.micro_batch_size or (1 if resolve_device(settings.models.device).type == "cpu" else a.batch_size)
+    if a.batch_size % micro:
+        raise ValueError(f"actor.micro_batch_size={micro} must divide actor.batch_size={a.batch_size}")
+    return micro, a.grad_accum * (a.batch_size // micro)
+
+
 def webrl_config(settings, out_dir: str | Path, max_steps: int | None = None) -> WebRLConfig:
     """WebRLConfig from the ``actor`` section of the settings."""
     a = settings.actor
-    return _trainer_args(WebRLConfig, Path(out_dir), settings, a.lr, a.epochs, a.batch_size, a.grad_accum,
+    micro, accum = actor_micro_batches(settings)
+    return _trainer_args(WebRLConfig, Path(out_dir), settings, a.lr, a.epochs, micro, accum,
                          a.max_grad_norm, max_steps, loss=a.loss, kl=a.kl, beta=a.beta, beta_high=a.beta_high,
                          lam=a.lam, gamma=a.gamma, margin=a.margin, paper_logratio=a.paper_logratio,
                          count_norm=a.count_norm)
@@ -328,8 +340,9 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
     rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
     t1 = time.perf_counter()
-    ref_logp = torch.tensor(_dist_map(lambda r: sequence_logprobs(model, r, tok.pad_token_id,
-                                                                  settings.actor.batch_size, progress).tolist(),
+    micro, _ = actor_micro_batches(settings)
+    ref_logp = torch.tensor(_dist_map(lambda r: sequence_logprobs(model, r, tok.pad_token_id, micro,
+                                                                  progress).tolist(),
                                       rows)) if rows else torch.zeros(0)
     t_ref = time.perf_counter() - t1
     n_tok = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
@@ -456,7 +469,8 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
         enc = encode_prompt_action(tok, pair[0], pair[1], settings.models.max_length)
         rows.append({"input_ids": enc["input_ids"], "completion_mask": enc["action_mask"]})
     out_dir = Path(out_dir)
-    args = _trainer_args(SFTConfig, out_dir, settings, a.sft_lr, a.sft_epochs, a.batch_size, a.grad_accum,
+    micro, accum = actor_micro_batches(settings)
+    args = _trainer_args(SFTConfig, out_dir, settings, a.sft_lr, a.sft_epochs, micro, accum,
                          a.max_grad_norm, max_steps, scheduler="cosine", warmup=0.1,  # the paper's SFT recipe
                          completion_only_loss=a.sft_loss == "completion", max_length=settings.models.max_length,
                          gradient_checkpointing=settings.models.gradient_checkpointing)

@@ -8,8 +8,8 @@ from webrl_core.critic import Critic
 from webrl_core.models import (build_embedded_model, encode_prompt_action, left_pad, load_causal_lm, load_tokenizer,
                                train_embedded_tokenizer)
 from webrl_core.prompts import build_prompt
-from webrl_core.training import (action_logprobs, encode_samples, sequence_logprobs, sft_train, train_actor,
-                                 webrl_actor_loss)
+from webrl_core.training import (action_logprobs, actor_micro_batches, encode_samples, sequence_logprobs, sft_train,
+                                 train_actor, webrl_actor_loss)
 from webrl_core.transitions import build_transitions
 
 T = torch.tensor
@@ -176,3 +176,23 @@ def test_sft_bootstrap_learns_the_actions(tiny, tmp_path):
     assert (after - before).mean().item() > 1.0
     with pytest.raises(ValueError, match="pair 0"):
         sft_train([("only a prompt",)], tiny["llama"], tmp_path / "x", settings)
+
+
+def test_micro_batches_with_accumulation_take_the_same_step_as_one_batch(tiny, tmp_path):
+    """actor.micro_batch_size only changes how a step is computed (CPU default 1: no padding), not the step."""
+    samples = _samples()  # 8 positive samples of two lengths: one optimizer step of batch 8
+    weights = {}
+    for micro in (8, 1):
+        settings = _settings("actor.batch_size=8", f"actor.micro_batch_size={micro}", "actor.lr=0.01")
+        assert actor_micro_batches(settings) == (micro, 8 // micro)
+        train_actor(samples, tiny["llama"], tmp_path / f"m{micro}", settings, critic_dir=tiny["critic_llama"],
+                    max_steps=1, progress=False)
+        weights[micro] = load_causal_lm(tmp_path / f"m{micro}", settings.models).state_dict()
+    start = load_causal_lm(tiny["llama"], settings.models).state_dict()
+    moved = max((weights[8][k] - start[k]).abs().max().item() for k in start)
+    assert moved > 1e-3  # the step did something
+    for k in start:
+        assert torch.allclose(weights[8][k], weights[1][k], atol=1e-5), k
+    assert actor_micro_batches(_settings("models.device=cpu")) == (1, 4)  # the CPU default
+    with pytest.raises(ValueError, match="actor.micro_batch_size=3 must divide actor.batch_size=4"):
+        actor_micro_batches(_settings("actor.micro_batch_size=3"))

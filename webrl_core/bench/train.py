@@ -42,7 +42,7 @@ from webrl_core.critic import Critic
 from webrl_core.models import (build_embedded_model, encode_prompt, encode_prompt_action, load_causal_lm,
                                load_tokenizer, n_params, train_embedded_tokenizer)
 from webrl_core.prompts import build_prompt
-from webrl_core.training import train_actor
+from webrl_core.training import actor_micro_batches, train_actor
 from webrl_core.transitions import build_transitions
 
 
@@ -135,7 +135,8 @@ def _flop_params(model_dir: Path) -> tuple[int, int]:
 
 
 def run(episodes: int = 16, steps: int = 4, html_chars: tuple[int, int] = (1500, 4000), batch_size: int = 8,
-        lr: float = 1e-4, seed: int = 0, threads: int = 0, out: str | None = None) -> dict:
+        micro_batch_size: int | None = None, lr: float = 1e-4, seed: int = 0, threads: int = 0,
+        out: str | None = None) -> dict:
     console = Console()
     if threads:
         torch.set_num_threads(threads)
@@ -144,8 +145,11 @@ def run(episodes: int = 16, steps: int = 4, html_chars: tuple[int, int] = (1500,
     emb = EmbeddedModelConfig()
     settings = load_config(sets=["models.device=cpu", f"models.max_length={emb.max_length}",
                                  f"actor.batch_size={batch_size}", f"critic.batch_size={batch_size}",
-                                 f"actor.lr={lr}", "actor.loss=official", f"run.seed={seed}"])
-    res: dict = {"episodes": episodes, "samples": len(samples), "threads": torch.get_num_threads()}
+                                 f"actor.lr={lr}", "actor.loss=official", f"run.seed={seed}"]
+                           + ([f"actor.micro_batch_size={micro_batch_size}"] if micro_batch_size else []))
+    micro, _ = actor_micro_batches(settings)
+    res: dict = {"episodes": episodes, "samples": len(samples), "threads": torch.get_num_threads(),
+                 "batch_size": batch_size, "micro_batch_size": micro}
     with tempfile.TemporaryDirectory(prefix="webrl-bench-train-") as tmp:
         tmp = Path(tmp)
         corpus = [s["observation"] + s["action"] for s in samples]
@@ -194,7 +198,7 @@ def run(episodes: int = 16, steps: int = 4, html_chars: tuple[int, int] = (1500,
         t.add_column(col)
     t.add_row("official (per sample, batch 1)", f"{official['wall_s']:.1f}", str(len(samples)),
               str(2 * len(samples)), f"{res['official']['mfu_stage']:.0%}", "-")
-    t.add_row(f"ours (precompute + batch {batch_size})", f"{ours_total:.1f}", str(ours["n_train"]), str(distinct),
+    t.add_row(f"ours (precompute + batch {batch_size} in micro-batches of {micro})", f"{ours_total:.1f}", str(ours["n_train"]), str(distinct),
               f"{res['ours']['mfu_stage']:.0%}", f"{res['ours']['mfu_epoch']:.0%}")
     console.print(t)
     console.print(f"ours: critic {ours['critic_s']:.1f}s + reference {ours['ref_s']:.1f}s + epoch "

@@ -271,11 +271,13 @@ def _process_device(settings) -> str:
 
 def critic_values_for(samples: list[dict], critic: Critic, settings, progress: bool = True
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(V(s), V(s')) for every sample, running the critic once per distinct prompt (batched, no grad)."""
+    """(V(s), V(s')) for every sample, running the critic once per distinct prompt (no grad), in the actor's
+    micro-batches (one prompt at a time on CPU, where that is fastest)."""
     prompts = sorted({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
+    micro, _ = actor_micro_batches(settings)
 
     def run(ps):
-        return critic.values(ps, batch_size=settings.critic.batch_size, progress=progress)[0].tolist()
+        return critic.values(ps, batch_size=micro, progress=progress)[0].tolist()
 
     v_of = dict(zip(prompts, _dist_map(run, prompts)))
     v = torch.tensor([v_of[s["observation"]] for s in samples])

@@ -6,11 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "[setup] installing Debian chromium"
+# chromium-headless-shell: the lighter headless mode the rollouts use by default (env.chromium_path: auto)
+if ! command -v chromium >/dev/null 2>&1 || [ ! -x /usr/lib/chromium/chromium-headless-shell ]; then
+  echo "[setup] installing Debian chromium and chromium-headless-shell"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
   $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium chromium-headless-shell >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -27,10 +27,12 @@ def register(app: typer.Typer) -> None:
             ns = [int(x) for x in n_envs.split(",") if x.strip()]
         except ValueError:
             raise typer.BadParameter(f"--n-envs {n_envs!r}: expected comma-separated integers") from None
+        from webrl_core.env.browser import chromium_executable
+
         console = Console()
         console.print(f"target={target}, {episodes} timed episodes per setting, "
                       f"contexts_per_browser={cfg.contexts_per_browser}, batch_wait_s={cfg.batch_wait_s}, "
-                      f"sites.workers={settings.sites.workers}")
+                      f"sites.workers={settings.sites.workers}, chromium={chromium_executable(cfg)}")
         rows = bench_rollout(target, ns, episodes, cfg=cfg, sites_workers=settings.sites.workers,
                              on_row=lambda r: console.print(f"  n_envs={r['n_envs']}: {r['steps_per_s']:.1f} steps/s"))
         table = Table(title=f"webrl bench rollout ({target}, scripted policy)", padding=(0, 0))

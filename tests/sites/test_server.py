@@ -93,8 +93,8 @@ def test_concurrent_episodes_are_isolated(sites):
 
     async def main():
         async with async_playwright() as pw:
-            from webrl_core.env.browser import CHROMIUM_ARGS
-            browser = await pw.chromium.launch(executable_path=cfg.chromium_path, args=CHROMIUM_ARGS)
+            from webrl_core.env.browser import CHROMIUM_ARGS, chromium_executable
+            browser = await pw.chromium.launch(executable_path=chromium_executable(cfg), args=CHROMIUM_ARGS)
             a, b = await asyncio.gather(_edit_price(sites, browser, "iso-a", "10.49"),
                                         _edit_price(sites, browser, "iso-b", "99.49"))
             fresh = await browser.new_context()

@@ -202,10 +202,7 @@ class BrowserPool:
             if b is None or not b.is_connected():
                 if b is not None:
                     self.restarts += 1
-                if not Path(self.cfg.chromium_path).exists():
-                    raise FileNotFoundError(f"env.chromium_path: {self.cfg.chromium_path!r} does not exist "
-                                            f"(install Debian's chromium or set the path)")
-                b = await self._pw.chromium.launch(executable_path=self.cfg.chromium_path,
+                b = await self._pw.chromium.launch(executable_path=chromium_executable(self.cfg),
                                                    headless=self.cfg.headless, args=CHROMIUM_ARGS)
                 self._browsers[idx] = b
             return b
@@ -234,6 +231,21 @@ class BrowserPool:
                 await b.close()
             except Exception:
                 pass
+
+
+HEADLESS_SHELL = "/usr/lib/chromium/chromium-headless-shell"  # the binary itself: /usr/bin's is a wrapper script
+FULL_CHROMIUM = "/usr/bin/chromium"
+
+
+def chromium_executable(cfg) -> str:
+    """The executable for ``env.chromium_path`` ("auto": the headless shell when headless and installed)."""
+    path = cfg.chromium_path
+    if path == "auto":
+        path = HEADLESS_SHELL if cfg.headless and Path(HEADLESS_SHELL).exists() else FULL_CHROMIUM
+    if not Path(path).exists():
+        raise FileNotFoundError(f"env.chromium_path: {path!r} does not exist (install Debian's chromium and "
+                                f"chromium-headless-shell, or set the path)")
+    return path
 
 
 def chromium_pids(root_pid: int | None = None) -> list[int]:

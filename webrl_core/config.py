@@ -87,8 +87,8 @@ class EnvConfig(Section):
     contexts_per_browser: int = Field(8, ge=1, description="contexts sharing one Chromium process")
     chromium_path: str = Field(
         "auto", description="Chromium executable Playwright launches; auto: Debian's chromium-headless-shell when "
-        "headless and installed (the old headless mode Playwright itself uses headless: ~1.6x the env steps/s of "
-        "the full browser here, `webrl bench rollout`), else /usr/bin/chromium")
+        "headless and installed (the old headless mode, which Playwright itself uses for headless runs: 1.45-2x the "
+        "env steps/s of the full browser here, `webrl bench rollout`), else /usr/bin/chromium")
     headless: bool = Field(True, description="run Chromium headless")
     viewport_width: int = Field(1280, ge=100, description="browser viewport width in CSS pixels")
     viewport_height: int = Field(720, ge=100, description="browser viewport height in CSS pixels")

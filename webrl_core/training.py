@@ -342,7 +342,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
     rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
     t1 = time.perf_counter()
-    micro, _ = actor_micro_batches(settings)
+    micro = cfg.per_device_train_batch_size  # actor_micro_batches, resolved once in webrl_config
     ref_logp = torch.tensor(_dist_map(lambda r: sequence_logprobs(model, r, tok.pad_token_id, micro,
                                                                   progress).tolist(),
                                       rows)) if rows else torch.zeros(0)

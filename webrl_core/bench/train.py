@@ -198,8 +198,8 @@ def run(episodes: int = 16, steps: int = 4, html_chars: tuple[int, int] = (1500,
         t.add_column(col)
     t.add_row("official (per sample, batch 1)", f"{official['wall_s']:.1f}", str(len(samples)),
               str(2 * len(samples)), f"{res['official']['mfu_stage']:.0%}", "-")
-    t.add_row(f"ours (precompute + batch {batch_size} in micro-batches of {micro})", f"{ours_total:.1f}", str(ours["n_train"]), str(distinct),
-              f"{res['ours']['mfu_stage']:.0%}", f"{res['ours']['mfu_epoch']:.0%}")
+    t.add_row(f"ours (precompute + batch {batch_size} in micro-batches of {micro})", f"{ours_total:.1f}",
+              str(ours["n_train"]), str(distinct), f"{res['ours']['mfu_stage']:.0%}", f"{res['ours']['mfu_epoch']:.0%}")
     console.print(t)
     console.print(f"ours: critic {ours['critic_s']:.1f}s + reference {ours['ref_s']:.1f}s + epoch "
                   f"{ours['train_s']:.1f}s; speed-up official/ours = {res['ratio']:.2f}x")

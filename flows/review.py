@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import get_run_logger
+from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 
@@ -17,7 +18,9 @@ class TaskReview(RunInput):
 
 
 def review_tasks(run_dir: str, phase: int, kept_ref, timeout_s: int, default: str):
-    """Pause until a person edits the list of task ids to keep (Prefect UI -> Resume); on timeout apply the default."""
+    """Pause until a person edits the list of task ids to keep (Prefect UI -> Resume); on timeout apply the default.
+    Any other failure (no API to pause against, a malformed answer) fails the flow: approving or dropping every
+    task because something broke would look like a review that never happened."""
     log = get_run_logger()
     tasks = read_json(kept_ref)
     listing = "\n".join(f"- {t['task_id']}: {t['intent']}" for t in tasks)
@@ -28,9 +31,12 @@ def review_tasks(run_dir: str, phase: int, kept_ref, timeout_s: int, default: st
             timeout=timeout_s)
         keep = set(answer.keep_task_ids)
         how = "reviewed"
-    except Exception as e:  # timed out (or no API to pause against): the configured default applies
+    except FlowPauseTimeout:  # nobody answered in time: the configured default applies
         keep = {t["task_id"] for t in tasks} if default == "approve" else set()
-        how = f"default={default} ({type(e).__name__})"
+        how = f"default={default} (no review within {timeout_s}s)"
+    unknown = sorted(keep - {t["task_id"] for t in tasks})
+    if unknown:
+        raise ValueError(f"review of phase {phase}: keep_task_ids names tasks that are not in the list: {unknown[:5]}")
     kept = [t for t in tasks if t["task_id"] in keep]
     log.info("review %s: kept %d of %d", how, len(kept), len(tasks))
     return write_json(kept, Path(run_dir) / "tasks" / f"phase={phase}" / "reviewed.json")

@@ -153,13 +153,17 @@ def webrl_train(config: str = "demo", phases: int | None = None, run_dir: str | 
 @flow(name="webrl-eval", log_prints=True)
 def webrl_eval(config: str = "demo", model: str = "", run_dir: str | None = None,
                overrides: list[str] | None = None, tag: int = 100) -> dict:
-    """Evaluate a checkpoint (HF folder) on the test set; stored as phase `tag` with purpose eval."""
+    """Evaluate a checkpoint (HF folder) on the test set; its episodes are stored as phase `tag` with purpose
+    eval and keyed by the checkpoint's digest, the result in ``eval/model=<digest[:12]>.json``."""
     s, rd = _settings(config, overrides, run_dir)
     rid = stages.run_identity(rd)
+    if not model and s.policy.backend == "hf":
+        raise ValueError("webrl eval: --model names the HF checkpoint folder to evaluate (policy.backend=hf)")
     actor = stages.ArtifactRef.of(model, "model") if model else None
+    name = f"model={actor.sha256[:12]}" if actor else f"model={s.policy.backend}"
     with tracking.start_run(rd, "webrl-eval", config=s.model_dump(mode="json"), experiment=s.tracking.experiment,
                             configured_uri=s.tracking.mlflow_uri):
         test_ref = T.test_set(T.cfg_for(s, "test"), rd, rid)
-        eval_ref, em = T.evaluate(T.cfg_for(s, "eval"), rd, rid, tag, actor, test_ref)
-        tracking.log_metrics(em)
+        eval_ref, em = T.evaluate(T.cfg_for(s, "eval"), rd, rid, tag, actor, test_ref, name)
+        tracking.log_metrics({**em, "policy_digest": stages.read_json(eval_ref)["policy_digest"]})
     return {"eval": stages.read_json(eval_ref), "metrics": em}

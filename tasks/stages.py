@@ -146,5 +146,5 @@ def train_actor(cfg: dict, run_dir: str, run_id: str, phase: int, samples_ref, r
 
 
 @task(name="evaluate", **CACHED)
-def evaluate(cfg: dict, run_dir: str, run_id: str, phase: int, actor_ref, test_ref):
-    return stages.evaluate(_s(cfg), run_dir, phase, actor_ref, test_ref)
+def evaluate(cfg: dict, run_dir: str, run_id: str, phase: int, actor_ref, test_ref, name: str | None = None):
+    return stages.evaluate(_s(cfg), run_dir, phase, actor_ref, test_ref, name=name)

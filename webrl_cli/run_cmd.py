@@ -49,10 +49,10 @@ def print_table(run_dir: str) -> None:
     for s in SITES:
         t.add_column(SITE_TITLES[s], justify="right")
     t.add_column("Avg", justify="right")
-    t.add_column("tasks", justify="right")
+    t.add_column("solved / failed / errored", justify="right")
     for r in rows:
         t.add_row(r["label"], *[f"{100 * r[s]:.1f}" if r[s] is not None else "-" for s in SITES],
-                  f"{100 * r['avg']:.1f}", str(r["n"]))
+                  f"{100 * r['avg']:.1f}", f"{r['solved']} / {r['failed']} / {r['errored']}")
     Console().print(t)
 
 
@@ -120,9 +120,10 @@ def evaluate(config: str = typer.Option("demo", help="config"), model: str = typ
 
     out = webrl_eval(config=config, model=model, run_dir=run_dir, overrides=set_)
     ev = out["eval"]
-    for site, v in sorted(ev["sites"].items()):
-        typer.echo(f"{site:15s} {v['success']:4d}/{v['n']:<4d} {100 * v['success'] / max(1, v['n']):5.1f}%")
-    typer.echo(f"{'total':15s} {ev['total']['success']:4d}/{ev['total']['n']:<4d} {100 * ev['success_rate']:5.1f}%")
+    typer.echo(f"policy {ev['policy_digest']}\n{'site':15s} solved failed errored  success (solved / scored)")
+    for site, v in sorted(ev["sites"].items()) + [("total", ev["total"])]:
+        scored = v["success"] + v["failed"]
+        typer.echo(f"{site:15s} {v['success']:6d} {v['failed']:6d} {v['errors']:7d}  {100 * v['success'] / max(1, scored):5.1f}%")
 
 
 @app.command("reproduce")

@@ -11,12 +11,28 @@ app = typer.Typer(no_args_is_help=True)
 
 
 def _store(run_dir: str):
-    from webrl_core.store import TrajectoryStore
+    from webrl_core.store import StoreError, TrajectoryStore
 
     if not (Path(run_dir) / "store").exists():
         typer.echo(f"no store at {Path(run_dir) / 'store'} (is {run_dir!r} a run directory?)", err=True)
         raise typer.Exit(2)
-    return TrajectoryStore(run_dir)
+    try:
+        return TrajectoryStore(run_dir)
+    except StoreError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2)
+
+
+@app.command("migrate")
+def migrate(run_dir: str = typer.Argument(..., help="run directory whose store an older webrl wrote")):
+    """Upgrade a store written by an earlier schema version in place (every row is kept)."""
+    from webrl_core.store import TrajectoryStore
+
+    if not (Path(run_dir) / "store").exists():
+        typer.echo(f"no store at {Path(run_dir) / 'store'}", err=True)
+        raise typer.Exit(2)
+    out = TrajectoryStore(run_dir, check_version=False).migrate()
+    typer.echo(f"store {Path(run_dir) / 'store'}: schema v{out['from']} -> v{out['to']}, {out['episodes']} episodes updated")
 
 
 @app.command("stats")
@@ -30,11 +46,11 @@ def stats(run_dir: str = typer.Argument(..., help="run directory (contains store
     console.print(f"store {st['root']} (schema v{st['schema_version']}): tasks={st['tasks']} episodes={st['episodes']} "
                   f"steps={st['steps']} scores={st['scores']}")
     t = Table()
-    for c in ("phase", "purpose", "episodes", "steps", "success_rate", "errors"):
+    cols = ("phase", "purpose", "policy_digest", "episodes", "steps", "success_rate", "errors")
+    for c in cols:
         t.add_column(c)
     for r in st["by_phase"]:
-        t.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in
-                    ("phase", "purpose", "episodes", "steps", "success_rate", "errors")))
+        t.add_row(*(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c])[:24] for c in cols))
     console.print(t)
 
 

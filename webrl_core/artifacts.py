@@ -4,7 +4,11 @@ Cache-key rule: a stage's cache key is a hash of its small inputs plus the ``sha
 artifact, never the artifact's bytes or a pickled copy, so keys are cheap and exact: the same content at
 the same or another path gives the same key; one changed byte gives a new one.
 
-A folder's digest is the sha256 over the sorted (relative path, file sha256) pairs of its files.
+A folder's digest is the sha256 over the sorted (relative path, file sha256) pairs of its files. It is
+computed once, when the folder is written, and kept in a manifest (``webrl-manifest.json`` inside the folder,
+or under ``~/.cache/webrl/manifests`` when the folder is read-only) with each file's size and mtime; a later
+reference reads the manifest and re-hashes only if any file was added, removed, resized or touched. So a
+reference to an 8B checkpoint costs a directory listing, not minutes of hashing.
 """
 
 from __future__ import annotations
@@ -26,16 +30,67 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-def sha256_path(path: str | Path) -> str:
+MANIFEST = "webrl-manifest.json"
+MANIFEST_VERSION = 1
+
+
+def _folder_files(p: Path) -> dict[str, list[int]]:
+    """{relative path: [size, mtime_ns]} of the files that make up a folder artifact."""
+    out = {}
+    for f in p.rglob("*"):
+        if f.is_file() and not f.name.endswith(".tmp") and f.name != MANIFEST:
+            st = f.stat()
+            out[f.relative_to(p).as_posix()] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _cache_manifest_path(p: Path) -> Path:
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "webrl" / "manifests"
+    return root / (hashlib.sha256(str(p).encode()).hexdigest()[:32] + ".json")
+
+
+def _read_manifest(p: Path, files: dict[str, list[int]]) -> str | None:
+    for m in (p / MANIFEST, _cache_manifest_path(p)):
+        try:
+            data = json.loads(m.read_text())
+        except (OSError, ValueError):
+            continue
+        if data.get("version") == MANIFEST_VERSION and data.get("files") == files and data.get("sha256"):
+            return data["sha256"]
+    return None
+
+
+def _write_manifest(p: Path, files: dict[str, list[int]], digest: str) -> None:
+    blob = json.dumps({"version": MANIFEST_VERSION, "sha256": digest, "files": files}, indent=1, sort_keys=True)
+    for m in (p / MANIFEST, _cache_manifest_path(p)):
+        try:
+            m.parent.mkdir(parents=True, exist_ok=True)
+            tmp = m.with_name(f".{m.name}.{os.getpid()}.tmp")
+            tmp.write_text(blob)
+            os.replace(tmp, m)
+            return
+        except OSError:  # read-only folder: keep the manifest in the user's cache instead
+            continue
+
+
+def sha256_path(path: str | Path, use_manifest: bool = True) -> str:
+    """Content digest of a file, or of a folder (from its manifest when every file still matches it)."""
     p = Path(path)
     if p.is_file():
         return sha256_file(p)
     if not p.is_dir():
         raise FileNotFoundError(f"artifact path does not exist: {p}")
+    p = p.resolve()
+    files = _folder_files(p)
+    if use_manifest and (known := _read_manifest(p, files)):
+        return known
     h = hashlib.sha256()
-    for f in sorted(x for x in p.rglob("*") if x.is_file() and not x.name.endswith(".tmp")):
-        h.update(f.relative_to(p).as_posix().encode() + b"\0" + sha256_file(f).encode() + b"\n")
-    return h.hexdigest()
+    for rel in sorted(files):
+        h.update(rel.encode() + b"\0" + sha256_file(p / rel).encode() + b"\n")
+    digest = h.hexdigest()
+    if _folder_files(p) == files:  # unchanged while hashing: safe to remember
+        _write_manifest(p, files, digest)
+    return digest
 
 
 @dataclass(frozen=True)
@@ -51,8 +106,9 @@ class ArtifactRef:
         p = Path(path).resolve()
         return cls(str(p), sha256_path(p), kind or ("folder" if p.is_dir() else "file"))
 
-    def verify(self) -> bool:
-        return Path(self.path).exists() and sha256_path(self.path) == self.sha256
+    def verify(self, rehash: bool = False) -> bool:
+        """Does the path still hold this content? ``rehash`` ignores the manifest and reads every byte."""
+        return Path(self.path).exists() and sha256_path(self.path, use_manifest=not rehash) == self.sha256
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.sha256[:12]}:{self.path}"

@@ -105,6 +105,8 @@ class EnvConfig(Section):
     block_other_hosts: bool = Field(True, description="block navigation outside the task's sites and record it")
     viewport_only: bool = Field(True, description="observe only elements inside the viewport (VAB: current_viewport_only)")
     batch_wait_s: float = Field(0.25, ge=0, description="longest a waiting env holds for busy ones before the policy is called")
+    max_error_rate: float = Field(0.2, ge=0, le=1, description="a rollout or evaluation whose share of errored "
+                                  "episodes (crash, hang, site failure) exceeds this fails, naming the first errors")
 
 
 class PromptConfig(Section):

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from webrl_core.agent_api import StepContext
+from webrl_core.artifacts import sha256_path
 from webrl_core.config import ModelsConfig, PolicyConfig
 from webrl_core.models import (encode_prompt, left_pad, load_causal_lm, load_tokenizer, resolve_device,
                                stop_token_id)
@@ -53,6 +54,11 @@ class HFPolicy:
             raise ValueError(f"policy.max_new_tokens={self.cfg.max_new_tokens} leaves no room for the prompt "
                              f"(model max length {min(self.models_cfg.max_length, max_pos)})")
         self._lock = threading.Lock()  # one generate() at a time; concurrent act() calls queue here
+
+    @property
+    def policy_digest(self) -> str:
+        """Identity in episode keys: the checkpoint's content digest (from its manifest; see ``artifacts``)."""
+        return f"hf:{sha256_path(self.model_path)}"
 
     def _prompt_text(self, prompt: str, ctx: StepContext | None) -> str:
         if self.style != "chat":
@@ -170,6 +176,34 @@ class OpenAIPolicy:
                                                for i, p in enumerate(prompts)]))
 
 
+def served_model_digest(base_url: str | None, model_name: str | None, api_key_env: str = "OPENAI_API_KEY",
+                        timeout_s: float = 10.0) -> str:
+    """What an OpenAI-compatible endpoint says it serves under ``model_name`` (``GET /models``): our own server
+    reports the checkpoint's sha256 (``webrl_digest``), vLLM and SGLang the weights' path (``root``). The part of
+    a policy's identity the endpoint can vouch for; ``unverified`` when it reports neither."""
+    import httpx
+
+    if not base_url or "://" not in base_url:
+        raise ValueError(f"policy.base_url={base_url!r} is not a URL like http://127.0.0.1:8000/v1")
+    if not model_name:
+        raise ValueError("policy.model_name is empty; the endpoint needs a model name")
+    url = base_url.rstrip("/") + "/models"
+    headers = {"Authorization": f"Bearer {os.environ.get(api_key_env, 'EMPTY')}"}
+    try:
+        r = httpx.get(url, headers=headers, timeout=timeout_s)
+        r.raise_for_status()
+        cards = r.json().get("data") or []
+    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        raise RuntimeError(f"policy endpoint policy.base_url={base_url!r} did not answer GET {url}: "
+                           f"{type(e).__name__}: {e}") from None
+    card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model_name), None)
+    if card is None:
+        served = [c.get("id") for c in cards if isinstance(c, dict)]
+        raise RuntimeError(f"policy endpoint {base_url} does not serve policy.model_name={model_name!r}; it serves "
+                           f"{served}")
+    return str(card.get("webrl_digest") or card.get("root") or "unverified")
+
+
 def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: int | None = None,
                batch_wait_s: float = 0.01):
     """OpenAI-compatible ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` around an HFPolicy.
@@ -238,7 +272,11 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
                                                          "message": {"role": "assistant", "content": text}}))
 
     async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model"}]})
+        # the checkpoint's digest lets a client put the served weights into its episodes' identity
+        if "digest" not in state:
+            state["digest"] = await asyncio.to_thread(sha256_path, policy.model_path)
+        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "root": str(policy.model_path),
+                                                         "webrl_digest": state["digest"]}]})
 
     return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
                              Route("/v1/chat/completions", chat, methods=["POST"]),

@@ -21,26 +21,45 @@ def _phases(run_dir: str | Path, kind: str) -> list[tuple[int, dict]]:
     return out
 
 
+def _counts(v: dict) -> tuple[int, int, int]:
+    """(solved, failed, errored) of an eval entry (files of earlier versions had no 'failed')."""
+    errors = int(v.get("errors", 0))
+    failed = int(v["failed"]) if "failed" in v else int(v["n"]) - int(v["success"]) - errors
+    return int(v["success"]), failed, errors
+
+
+def _row(label: str, phase: int, ev: dict) -> dict:
+    row = {"phase": phase, "label": label, "policy_digest": ev.get("policy_digest")}
+    for site in SITES:
+        v = ev["sites"].get(site)
+        ok, bad, _ = _counts(v) if v else (0, 0, 0)
+        row[site] = ok / (ok + bad) if ok + bad else None
+    row["solved"], row["failed"], row["errored"] = _counts(ev["total"])
+    row["avg"] = row["solved"] / max(1, row["solved"] + row["failed"])
+    row["n"] = ev["total"]["n"]
+    return row
+
+
 def results_table(run_dir: str | Path) -> list[dict]:
-    """[{phase, label, <site>: rate, avg: rate, n}] from the evaluations of a run."""
-    rows = []
-    for phase, ev in _phases(run_dir, "eval"):
-        row = {"phase": phase, "label": "SFT (bootstrap)" if phase == 0 else f"WebRL phase {phase}"}
-        for site in SITES:
-            v = ev["sites"].get(site)
-            row[site] = v["success"] / v["n"] if v and v["n"] else None
-        row["avg"] = ev["success_rate"]
-        row["n"] = ev["total"]["n"]
-        rows.append(row)
+    """[{phase, label, policy_digest, <site>: rate, avg, solved, failed, errored, n}] from the evaluations of a
+    run: one row per phase (``eval/phase=k.json``) and per separately evaluated checkpoint
+    (``eval/model=<digest>.json``). Rates are solved / scored; errored episodes are counted apart."""
+    rows = [_row("SFT (bootstrap)" if phase == 0 else f"WebRL phase {phase}", phase, ev)
+            for phase, ev in _phases(run_dir, "eval")]
+    for p in sorted((Path(run_dir) / "eval").glob("model=*.json")):
+        ev = json.loads(p.read_text())
+        where = Path(ev["actor"]).name if ev.get("actor") else "?"
+        rows.append(_row(f"{where} [{str(ev.get('policy_digest'))[:15]}]", ev["phase"], ev))
     return rows
 
 
 def markdown_table(rows: list[dict]) -> str:
-    head = "| model | " + " | ".join(SITE_TITLES[s] for s in SITES) + " | Avg | tasks |"
+    head = "| model | " + " | ".join(SITE_TITLES[s] for s in SITES) + " | Avg | solved / failed / errored |"
     lines = [head, "|" + "---|" * (len(SITES) + 3)]
     for r in rows:
         cells = [f"{100 * r[s]:.1f}" if r[s] is not None else "-" for s in SITES]
-        lines.append(f"| {r['label']} | " + " | ".join(cells) + f" | {100 * r['avg']:.1f} | {r['n']} |")
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + f" | {100 * r['avg']:.1f} | "
+                     f"{r['solved']} / {r['failed']} / {r['errored']} |")
     return "\n".join(lines)
 
 
@@ -50,7 +69,7 @@ def plot_success(run_dir: str | Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = results_table(run_dir)
+    rows = [r for r in results_table(run_dir) if r["label"] == "SFT (bootstrap)" or r["label"].startswith("WebRL phase")]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -143,10 +162,30 @@ def publish_phase(run_dir: str | Path, phase: int, metrics: dict, actor_ref=None
         pass
     if actor_ref is not None:
         _register_model(actor_ref.path, phase)
-    md = (f"# WebRL phase {phase}\n\n" + markdown_table(results_table(run_dir)) + "\n\n"
+    warnings = phase_warnings(metrics)
+    for w in warnings:
+        print(f"WARNING phase {phase}: {w}")
+    md = (f"# WebRL phase {phase}\n\n" + "".join(f"> **WARNING**: {w}\n>\n" for w in warnings)
+          + markdown_table(results_table(run_dir)) + "\n\n"
           + "\n".join(f"- **{k}**: {v:.4g}" if isinstance(v, float) else f"- **{k}**: {v}" for k, v in
                       sorted(metrics.items())) + (f"\n\nTrajectory viewer: `{viewer}`\n" if viewer else ""))
     return md
+
+
+def phase_warnings(metrics: dict) -> list[str]:
+    """What a reader of a phase summary must not miss: models carried over untrained, no new tasks, errors."""
+    out = []
+    for model in ("critic", "actor"):
+        if metrics.get(f"{model}_skipped"):
+            out.append(f"the {model} was NOT trained: 0 usable samples (no labelled transitions and no replay); "
+                       f"the previous {model} was carried over unchanged")
+    if metrics.get("rollout_episodes") == 0:
+        out.append("no rollouts: the curriculum produced no tasks for this phase")
+    if metrics.get("rollout_errors"):
+        out.append(f"{int(metrics['rollout_errors'])} rollout episode(s) errored (stored with their errors)")
+    if metrics.get("test_errored"):
+        out.append(f"{int(metrics['test_errored'])} test episode(s) errored; they are not counted as failures")
+    return out
 
 
 def _register_model(path: str, phase: int) -> None:
@@ -158,5 +197,7 @@ def _register_model(path: str, phase: int) -> None:
     mlflow.log_artifacts(path, artifact_path="actor")
     try:
         mlflow.register_model(f"runs:/{run.info.run_id}/actor", "webrl-actor", tags={"phase": str(phase)})
-    except Exception as e:  # registry unavailable on some tracking servers; the artifact is still logged
-        print(f"model registry: {e}")
+    except mlflow.exceptions.MlflowException as e:
+        # fail the phase rather than print and move on: a missing registered model is what a user would not notice
+        raise RuntimeError(f"MLflow model registry at {mlflow.get_tracking_uri()} refused phase {phase}'s actor "
+                           f"({path}): {e}") from e

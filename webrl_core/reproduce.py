@@ -68,7 +68,10 @@ def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False
         raise FileNotFoundError(f"phase {phase} did not record: {missing}")
     report: dict = {"phase": phase, "run_dir": str(run), "outputs": {}}
     tasks = stages.read_json(run / "tasks" / f"phase={phase}" / "tasks.json")
-    rolls = {"episode_ids": sorted(stages._eid(t, phase, "rollout", s.run.seed) for t in tasks)}
+    from webrl_core.env.rollout import plan_episode_ids
+
+    ident = stages.rollout_identity(s, stages.model_ref(run, phase - 1, "actor"), s.policy.temperature, "rollout")
+    rolls = {"episode_ids": sorted(plan_episode_ids(tasks, phase=phase, purpose="rollout", seed=s.run.seed, **ident))}
     if redo_rollouts:
         tasks_ref = ArtifactRef.of(run / "tasks" / f"phase={phase}" / "tasks.json")
         (out / "store").unlink()  # a fresh store for the new rollouts (the link pointed at the recorded one)

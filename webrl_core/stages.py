@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from webrl_core import identity
 from webrl_core.artifacts import ArtifactRef, read_json, write_json
 from webrl_core.config import WebRLSettings
 from webrl_core.store import TrajectoryStore
@@ -95,9 +96,36 @@ def site_session(settings: WebRLSettings) -> Iterator[Any]:
         sites.stop()
 
 
-def make_policy(settings: WebRLSettings, actor_dir: str | None, temperature: float, purpose: str):
+def rollout_identity(settings: WebRLSettings, actor_ref: ArtifactRef | None, temperature: float, purpose: str
+                     ) -> dict[str, str]:
+    """What acts in a rollout, as it enters the episode keys (``webrl_core.identity``): the policy's identity
+    (``hf:<checkpoint sha256>``, ``openai:<model>@<served digest>``, ``oracle``, ``random:s<seed>``) and the
+    digest of the sampling (model policies only) and env/site settings."""
+    backend = settings.policy.backend if purpose not in identity.SCRIPTED_POLICIES else purpose
+    if backend == "oracle":
+        policy_digest = "oracle"
+    elif backend == "random":
+        policy_digest = f"random:s{settings.run.seed}"
+    elif backend == "openai":
+        from webrl_core.policy import served_model_digest
+
+        pc = settings.policy
+        policy_digest = f"openai:{pc.model_name}@{served_model_digest(pc.base_url, pc.model_name, pc.api_key_env)}"
+    else:
+        if actor_ref is None:
+            raise ValueError(f"policy.backend=hf needs an actor checkpoint for the {purpose!r} rollout; none was given")
+        policy_digest = f"hf:{actor_ref.sha256}"
+    sites = {"mode": settings.sites.mode, "data_seed": settings.sites.data_seed, "urls": settings.sites.urls}
+    sampled = backend not in identity.SCRIPTED_POLICIES  # scripted policies ignore the sampling settings
+    return {"policy_digest": policy_digest,
+            "settings_digest": identity.settings_digest(settings.env, temperature=temperature if sampled else None,
+                                                        policy_cfg=settings.policy, prompt_style=settings.prompt.style,
+                                                        sites=sites)}
+
+
+def make_policy(settings: WebRLSettings, actor_ref: ArtifactRef | None, temperature: float, purpose: str):
     """The action policy of a rollout: oracle/random (scripted), in-process HF model, or an OpenAI-compatible server."""
-    backend = settings.policy.backend if purpose not in ("oracle", "random") else purpose
+    backend = settings.policy.backend if purpose not in identity.SCRIPTED_POLICIES else purpose
     if backend == "oracle":
         from webrl_core.sites import OraclePolicy
 
@@ -113,6 +141,7 @@ def make_policy(settings: WebRLSettings, actor_dir: str | None, temperature: flo
                             temperature=temperature)
     from webrl_core.policy import HFPolicy
 
+    actor_dir = actor_ref.path
     return HFPolicy(actor_dir, settings.policy, settings.models, temperature=temperature,
                     policy_id=f"{Path(actor_dir).parent.name}/{Path(actor_dir).name}@T{temperature:g}",
                     style=settings.prompt.style)
@@ -169,38 +198,62 @@ def rollout(settings: WebRLSettings, run_dir: str, phase: int, purpose: str, tas
             actor_ref: ArtifactRef | None, temperature: float, shard: int = 0, n_shards: int = 1) -> dict:
     """Roll out a shard of a task set; every finished episode goes to the store as it ends.
 
-    Resumable: tasks whose episode (same deterministic id) is already stored without error are skipped,
-    so a killed rollout re-run loses at most the episodes that were in flight and duplicates nothing."""
-    from webrl_core.env.rollout import run_rollout
+    Resumable: an episode whose id (task content, policy identity, settings, seed, attempt; see
+    ``webrl_core.identity``) is already stored without error is reused, so a killed rollout re-run loses at most
+    the episodes that were in flight and duplicates nothing, while a changed policy or knob gets new episodes.
+    Fails when more than ``env.max_error_rate`` of the shard's episodes errored (they stay stored)."""
+    from webrl_core.env.rollout import plan_episode_ids, run_rollout
 
     tasks = read_json(tasks_ref)[shard::n_shards]
     store = TrajectoryStore(run_dir)
     seed = settings.run.seed
-    done = {e["episode_id"] for e in store.episodes(phase) if e["status"] != "error"}
-    todo = [t for t in tasks if _eid(t, phase, purpose, seed) not in done]
+    ident = rollout_identity(settings, actor_ref, temperature, purpose)
+    ids = plan_episode_ids(tasks, phase=phase, purpose=purpose, seed=seed, **ident)
+    done = {e["episode_id"] for e in store.sql(
+        "SELECT episode_id FROM episodes WHERE episode_id IN (SELECT unnest($ids)) AND status <> 'error'", {"ids": ids})}
+    todo = [(t, a) for t, a, i in zip(tasks, default_attempts(tasks), ids) if i not in done]
     if todo:
-        policy = make_policy(settings, actor_ref.path if actor_ref else None, temperature, purpose)
+        policy = make_policy(settings, actor_ref, temperature, purpose)
         with site_session(settings) as hooks:
-            run_rollout(todo, policy, settings.env.n_envs, cfg=settings.env, hooks=hooks, store=store, phase=phase,
-                        purpose=purpose, seed=seed, progress=True, screenshot_dir=Path(run_dir) / "screenshots")
-    ids = sorted(_eid(t, phase, purpose, seed) for t in tasks)
-    rows = {e["episode_id"]: e for e in store.episodes(phase)}
-    got = [rows[i] for i in ids if i in rows]
-    return {"episode_ids": [e["episode_id"] for e in got], "n": len(got),
-            "env_success": sum(1 for e in got if (e.get("env_score") or 0) >= 1.0),
-            "errors": sum(1 for e in got if e["status"] == "error"), "skipped_existing": len(tasks) - len(todo)}
+            run_rollout([t for t, _ in todo], policy, settings.env.n_envs, cfg=settings.env, hooks=hooks, store=store,
+                        phase=phase, purpose=purpose, seed=seed, attempts=[a for _, a in todo], progress=True,
+                        screenshot_dir=Path(run_dir) / "screenshots", **ident)
+    rows = {e["episode_id"]: e for e in store.sql(
+        "SELECT * FROM episodes WHERE episode_id IN (SELECT unnest($ids))", {"ids": ids})}
+    missing = [i for i in ids if i not in rows]
+    if missing:
+        raise RuntimeError(f"rollout of {purpose} phase {phase} shard {shard}: {len(missing)} episode(s) were not "
+                           f"stored, e.g. {missing[:3]}")
+    got = [rows[i] for i in ids]
+    out = {"episode_ids": ids, "n": len(got), "policy_digest": ident["policy_digest"],
+           "env_success": sum(1 for e in got if e["status"] != "error" and (e.get("env_score") or 0) >= 1.0),
+           "errors": sum(1 for e in got if e["status"] == "error"), "skipped_existing": len(tasks) - len(todo)}
+    check_error_rate(settings.env.max_error_rate, f"rollout of {purpose} phase {phase} shard {shard}", got)
+    return out
 
 
-def _eid(task: dict, phase: int, purpose: str, seed: int) -> str:
-    from webrl_core.env.rollout import episode_id_for
+def check_error_rate(limit: float, what: str, episodes: list[dict]) -> None:
+    """Fail a stage whose share of errored episodes exceeds ``limit``, naming the first errors."""
+    errs = [e for e in episodes if e["status"] == "error"]
+    if episodes and len(errs) / len(episodes) > limit:
+        first = "\n".join(f"  {e['episode_id']}: {(e.get('error') or '').strip().splitlines()[0][:300] if e.get('error') else '?'}"
+                          for e in errs[:3])
+        raise RuntimeError(f"{what}: {len(errs)} of {len(episodes)} episodes errored ({len(errs) / len(episodes):.0%} > "
+                           f"env.max_error_rate={limit:g}); the errored ones are stored and re-run on the next "
+                           f"attempt. First errors:\n{first}")
 
-    return episode_id_for(task["task_id"], phase, purpose, seed, 0)
+
+def default_attempts(tasks: list[dict]) -> list[int]:
+    from webrl_core.env.rollout import default_attempts as attempts
+
+    return attempts(tasks)
 
 
 def merge_rollouts(shards: list[dict]) -> dict:
     ids = sorted(i for s in shards for i in s["episode_ids"])
     return {"episode_ids": ids, "n": len(ids), "env_success": sum(s["env_success"] for s in shards),
-            "errors": sum(s["errors"] for s in shards)}
+            "errors": sum(s["errors"] for s in shards),
+            "policy_digest": shards[0]["policy_digest"] if shards else None}
 
 
 def _episodes_with_steps(store: TrajectoryStore, ids: list[str]) -> tuple[list[dict], dict[str, list[dict]]]:
@@ -349,8 +402,8 @@ def generate_tasks(settings: WebRLSettings, run_dir: str, phase: int, seed_purpo
     cands = gen.generate(by_site, rng, n_per_site)
     seen = [r["intent"] for r in store.sql("SELECT intent FROM tasks")]
     cands = dedupe(cands, seen)
-    for i, c in enumerate(cands):
-        c["task_id"] = f"p{phase}-g{i:04d}"
+    for c in cands:
+        c["task_id"] = identity.generated_task_id(phase, c)
     per_site = _count_sites(cands)
     ref = _vjson(cands, phase_dir(run_dir, "tasks", phase) / "generated.json",
                  output_key(settings, labelled_state(run_dir, phase - 1)))
@@ -549,25 +602,38 @@ def train_actor_stage(settings: WebRLSettings, run_dir: str, phase: int, samples
 
 # ----------------------------------------------------------------------------------------- evaluation
 def evaluate(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: ArtifactRef | None,
-             test_ref: ArtifactRef, purpose: str = "eval") -> tuple[ArtifactRef, dict]:
-    """Roll out the actor on the test set at eval temperature; per-site success from the sites' evaluators."""
+             test_ref: ArtifactRef, purpose: str = "eval", name: str | None = None) -> tuple[ArtifactRef, dict]:
+    """Roll out the actor on the test set at eval temperature; per site, solved / failed / errored episodes by
+    the sites' evaluators. ``success_rate`` = solved / scored (errored episodes are reported apart, never
+    counted as failures; more than ``env.max_error_rate`` of them fails the rollout). Written to
+    ``eval/<name>.json`` (``phase=k`` for a phase, ``model=<digest>`` for a checkpoint evaluated on its own)."""
     r = rollout(settings, run_dir, phase, purpose, test_ref, actor_ref, settings.policy.eval_temperature)
     store = TrajectoryStore(run_dir)
-    eps = store.sql("SELECT site, env_score, status FROM episodes WHERE episode_id IN (SELECT unnest($ids))",
+    eps = store.sql("SELECT site, env_score, status, policy_digest FROM episodes WHERE episode_id IN (SELECT unnest($ids))",
                     {"ids": r["episode_ids"]})
+    stale = {e["policy_digest"] for e in eps} - {r["policy_digest"]}
+    if stale:
+        raise RuntimeError(f"evaluation of {r['policy_digest']} read episodes of other policies {sorted(stale)}")
     table: dict[str, dict] = {}
     for e in eps:
-        row = table.setdefault(e["site"], {"n": 0, "success": 0, "errors": 0})
+        row = table.setdefault(e["site"], {"n": 0, "success": 0, "failed": 0, "errors": 0})
         row["n"] += 1
-        row["success"] += int((e["env_score"] or 0) >= 1.0)
-        row["errors"] += int(e["status"] == "error")
-    total = {"n": sum(v["n"] for v in table.values()), "success": sum(v["success"] for v in table.values()),
-             "errors": sum(v["errors"] for v in table.values())}
-    result = {"phase": phase, "sites": table, "total": total,
-              "success_rate": total["success"] / max(1, total["n"]), "actor": actor_ref.path if actor_ref else purpose}
-    ref = _vjson(result, Path(run_dir) / "eval" / f"phase={phase}.json", output_key(settings, actor_ref, test_ref))
-    metrics = {"test_success_rate": result["success_rate"],
-               **{f"test_success_{s}": v["success"] / max(1, v["n"]) for s, v in table.items()}}
+        if e["status"] == "error":
+            row["errors"] += 1
+        elif (e["env_score"] or 0) >= 1.0:
+            row["success"] += 1
+        else:
+            row["failed"] += 1
+    total = {k: sum(v[k] for v in table.values()) for k in ("n", "success", "failed", "errors")}
+    scored = total["success"] + total["failed"]
+    result = {"phase": phase, "sites": table, "total": total, "success_rate": total["success"] / max(1, scored),
+              "actor": actor_ref.path if actor_ref else purpose, "policy_digest": r["policy_digest"],
+              "episode_ids": r["episode_ids"]}
+    name = name or f"phase={phase}"
+    ref = _vjson(result, Path(run_dir) / "eval" / f"{name}.json", output_key(settings, actor_ref, test_ref))
+    metrics = {"test_success_rate": result["success_rate"], "test_solved": float(total["success"]),
+               "test_failed": float(total["failed"]), "test_errored": float(total["errors"]),
+               **{f"test_success_{s}": v["success"] / max(1, v["success"] + v["failed"]) for s, v in table.items()}}
     return ref, metrics
 
 

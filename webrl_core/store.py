@@ -18,7 +18,11 @@ latest batch: episodes by ``episode_id``, steps through their episode's latest b
 ``task_id``, scores by (kind, episode_id, step_idx, task_id, model_id). Writing the same episode twice
 therefore never duplicates it; writing identical content again is skipped entirely.
 
-Schema version: ``SCHEMA_VERSION``; every file carries it in ``_schema``. See ``SCHEMAS`` for columns.
+Schema version: ``SCHEMA_VERSION``; every file carries it in ``_schema`` and ``store/schema.json`` records the
+version the store was written with. Opening a store of another version fails with a message naming both
+versions; ``migrate`` brings a version-1 store (episodes keyed by purpose/phase/task id/seed only) to version 2
+(episodes also keyed by task content, policy identity and settings; see ``webrl_core.identity``).
+See ``SCHEMAS`` for columns.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SCHEMA_FILE = "schema.json"
 
 _S, _I, _F, _B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 
@@ -49,7 +54,7 @@ SCHEMAS: dict[str, pa.Schema] = {
         ("episode_id", _S), ("task_id", _S), ("phase", _I), ("policy_id", _S), ("purpose", _S), ("status", _S),
         ("final_answer", _S), ("env_score", _F), ("orm_score", _F), ("success", _B), ("n_steps", _I),
         ("started_at", _F), ("wall_s", _F), ("policy_s", _F), ("env_s", _F), ("error", _S), ("intent", _S),
-        ("site", _S), ("seed", _I),
+        ("site", _S), ("seed", _I), ("task_digest", _S), ("policy_digest", _S), ("settings_digest", _S), ("node", _S),
     ]),
     "steps": pa.schema([
         ("episode_id", _S), ("idx", _I), ("phase", _I), ("prompt", _S), ("html", _S), ("response", _S),
@@ -66,7 +71,9 @@ COLUMN_DOCS = {
     "tasks": "task_id, phase that created it, first site, sites (JSON list), intent, start_url (placeholders), eval spec "
              "JSON, origin seed|generated|test|train, parent task id (generation), family (embedded), full config JSON",
     "episodes": "episode id, task id, phase, policy/model id, purpose rollout|eval|oracle|bootstrap, status "
-                "done|early_stop|max_steps|error, final answer, env score, ORM score, success, step count, timings, error",
+                "done|early_stop|max_steps|error, final answer, env score, ORM score, success, step count, timings, error, "
+                "intent, site, seed, task content digest, policy identity (hf:<checkpoint sha256>, openai:<model>@<served "
+                "digest>, oracle, random:s<seed>), sampling+environment settings digest, node (host) that ran it",
     "steps": "episode id, step index, prompt given to the policy, observation html before the action, raw response, "
              "parsed action JSON, url, reward, done, mc_return, timings (policy/action/observation), error",
     "scores": "kind (critic_v, critic_p1, ppl_inv, replay_selected, orm_p_yes, ...), episode id, step index (-1: "
@@ -109,12 +116,65 @@ def _to_table(name: str, rows: list[dict], batch: str) -> pa.Table:
 class TrajectoryStore:
     """Tasks, episodes, steps and scores of one run (see module docstring)."""
 
-    def __init__(self, run_dir: str | Path):
+    def __init__(self, run_dir: str | Path, check_version: bool = True):
         self.root = Path(run_dir) / "store"
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
         self._digests: dict[str, str] | None = None
+        if check_version:
+            self._check_version()
+
+    # ------------------------------------------------------------------ schema version
+    def written_version(self) -> int | None:
+        """Schema version the store was written with; None for an empty store."""
+        f = self.root / SCHEMA_FILE
+        if f.exists():
+            try:
+                return int(json.loads(f.read_text())["version"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise StoreError(f"{f}: unreadable schema file ({e}); expected {{\"version\": {SCHEMA_VERSION}}}") from None
+        if any(self.root.glob("*/phase=*/*.parquet")):
+            return 1  # version 1 wrote no schema file
+        return None
+
+    def _check_version(self) -> None:
+        v = self.written_version()
+        if v is None:
+            (self.root / SCHEMA_FILE).write_text(json.dumps({"version": SCHEMA_VERSION}))
+        elif v < SCHEMA_VERSION:
+            raise StoreError(
+                f"the store {self.root} was written with schema version {v}; this webrl reads version {SCHEMA_VERSION} "
+                f"(episodes keyed by task content, policy identity and settings). Run `webrl store migrate "
+                f"{self.root.parent}` to upgrade it in place (every row is kept; old episodes are marked legacy and "
+                f"never reused for new rollouts).")
+        elif v > SCHEMA_VERSION:
+            raise StoreError(f"the store {self.root} was written with schema version {v} by a newer webrl; this one "
+                             f"reads version {SCHEMA_VERSION}: upgrade webrl")
+
+    def migrate(self) -> dict:
+        """Upgrade a version-1 store in place: episodes get ``policy_digest = legacy:<policy_id>`` and
+        ``settings_digest = legacy`` (their ids never match a version-2 key, so they are kept for queries but
+        never reused), ``task_digest`` from the stored task config where the task is known."""
+        from webrl_core.identity import task_digest
+
+        v = self.written_version()
+        if v is None or v == SCHEMA_VERSION:
+            return {"from": v, "to": SCHEMA_VERSION, "episodes": 0}
+        if v != 1:
+            raise StoreError(f"{self.root}: no migration from schema version {v} to {SCHEMA_VERSION}")
+        tasks = {r["task_id"]: r["config_json"] for r in self.sql("SELECT task_id, config_json FROM tasks")}
+        updates = []
+        for e in self.sql("SELECT episode_id, task_id, policy_id FROM episodes"):
+            try:
+                td = task_digest(json.loads(tasks[e["task_id"]])) if e["task_id"] in tasks else None
+            except (ValueError, TypeError):
+                td = None
+            updates.append({"episode_id": e["episode_id"], "policy_digest": f"legacy:{e['policy_id']}",
+                            "settings_digest": "legacy", "task_digest": td})
+        self.update_episodes(updates)
+        (self.root / SCHEMA_FILE).write_text(json.dumps({"version": SCHEMA_VERSION, "migrated_from": v}))
+        return {"from": v, "to": SCHEMA_VERSION, "episodes": len(updates)}
 
     # ------------------------------------------------------------------ writing
     def _write(self, name: str, rows: list[dict], batch: str) -> int:
@@ -335,15 +395,22 @@ class TrajectoryStore:
             out.setdefault(r["site"], []).append({"task_id": r["task_id"], "intent": r["intent"]})
         return out
 
-    def success_rate(self, phase: int | None = None, purpose: str = "eval") -> list[dict]:
-        """Per-site success rate per phase: [{phase, site, n, successes, rate}]."""
-        q = """SELECT phase, site, count(*) AS n, sum(CASE WHEN success THEN 1 ELSE 0 END) AS successes,
-                      avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS rate
-               FROM episodes WHERE purpose = $purpose AND status <> 'error'"""
+    def success_rate(self, phase: int | None = None, purpose: str = "eval", policy_digest: str | None = None
+                     ) -> list[dict]:
+        """Per-site outcome counts per phase and policy: [{phase, policy_digest, site, n, successes, failures,
+        errors, rate}]; ``rate`` = successes / scored episodes (errors are counted apart, never as failures)."""
+        q = """SELECT phase, policy_digest, site, count(*) AS n,
+                      count(*) FILTER (WHERE status <> 'error' AND success) AS successes,
+                      count(*) FILTER (WHERE status <> 'error' AND NOT coalesce(success, false)) AS failures,
+                      count(*) FILTER (WHERE status = 'error') AS errors,
+                      avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) FILTER (WHERE status <> 'error') AS rate
+               FROM episodes WHERE purpose = $purpose"""
         p: dict[str, Any] = {"purpose": purpose}
         if phase is not None:
             q, p["phase"] = q + " AND phase = $phase", phase
-        return self.sql(q + " GROUP BY phase, site ORDER BY phase, site", p)
+        if policy_digest is not None:
+            q, p["policy_digest"] = q + " AND policy_digest = $policy_digest", policy_digest
+        return self.sql(q + " GROUP BY ALL ORDER BY phase, policy_digest, site", p)
 
     def error_episodes(self, phase: int | None = None) -> list[dict]:
         q, p = "SELECT episode_id, task_id, phase, purpose, error FROM episodes WHERE status = 'error'", {}
@@ -355,10 +422,10 @@ class TrajectoryStore:
         out: dict[str, Any] = {"root": str(self.root), "schema_version": SCHEMA_VERSION}
         for name in SCHEMAS:
             out[name] = self.sql(f"SELECT count(*) AS n FROM {name}")[0]["n"]
-        out["by_phase"] = self.sql("""SELECT phase, purpose, count(*) AS episodes, sum(n_steps) AS steps,
-                   avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) AS success_rate,
+        out["by_phase"] = self.sql("""SELECT phase, purpose, policy_digest, count(*) AS episodes, sum(n_steps) AS steps,
+                   avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) FILTER (WHERE status <> 'error') AS success_rate,
                    sum(CASE WHEN status = 'error' THEN 1 ELSE 0 END) AS errors
-                   FROM episodes GROUP BY phase, purpose ORDER BY phase, purpose""")
+                   FROM episodes GROUP BY ALL ORDER BY phase, purpose, policy_digest""")
         return out
 
 

@@ -10,7 +10,9 @@ import pytest
 from conftest import small_cfg
 from webrl_core.env.browser import browser_main_pids
 from webrl_core.env.miniwob import MiniWoBHooks, MiniWoBOracle, miniwob_tasks
-from webrl_core.env.rollout import episode_id_for, rollout
+from webrl_core import identity
+from webrl_core.env.rollout import plan_episode_ids, rollout
+from webrl_core.store import TrajectoryStore
 
 
 class RecordingOracle(MiniWoBOracle):
@@ -43,8 +45,7 @@ class KillOnce(MiniWoBOracle):
 
 
 def test_batching_store_and_idempotent_ids(aloop, miniwob_server, tmp_path):
-    store_mod = pytest.importorskip("webrl_core.store")
-    store = store_mod.TrajectoryStore(tmp_path / "run")
+    store = TrajectoryStore(tmp_path / "run")
     tasks = miniwob_tasks(["click-button", "enter-text"], 3, seed=7)
     pol = RecordingOracle()
     cfg = small_cfg(batch_wait_s=5.0)  # wait for every env: batches are as full as possible
@@ -54,8 +55,11 @@ def test_batching_store_and_idempotent_ids(aloop, miniwob_server, tmp_path):
     n_steps = sum(e["n_steps"] for e in eps)
     assert sum(pol.batches) == n_steps and max(pol.batches) == 3  # one call serves every waiting env
     assert len(pol.batches) < n_steps
+    expected = plan_episode_ids(tasks, phase=2, purpose="eval", seed=7, policy_digest=pol.policy_id,
+                                settings_digest=identity.settings_digest(cfg))
+    assert sorted(e["episode_id"] for e in eps) == sorted(expected)
     for e in eps:
-        assert e["episode_id"] == episode_id_for(e["task_id"], 2, "eval", 7, 0)
+        assert e["policy_digest"] == pol.policy_id and e["task_digest"] and e["node"]
         assert e["steps"][-1]["done"] and e["steps"][-1]["reward"] == 1.0 and e["env_score"] == 1.0
         assert all(s["prompt"].endswith("<|end_header_id|>\n") for s in e["steps"])
         assert e["policy_s"] >= 0 and e["env_s"] > 0 and e["intent"]
@@ -71,6 +75,14 @@ def test_batching_store_and_idempotent_ids(aloop, miniwob_server, tmp_path):
     eps2 = aloop.run(rollout(twice, MiniWoBOracle(), 2, cfg=cfg, hooks=MiniWoBHooks(miniwob_server),
                              progress=False))
     assert len({e["episode_id"] for e in eps2}) == 2
+    # another policy identity or another env setting: new episodes, the stored ones stay as they were
+    aloop.run(rollout(tasks[:2], MiniWoBOracle(), 2, cfg=cfg, hooks=MiniWoBHooks(miniwob_server), store=store,
+                      phase=2, purpose="eval", seed=7, policy_digest="hf:other", progress=False))
+    aloop.run(rollout(tasks[:2], MiniWoBOracle(), 2, cfg=small_cfg(batch_wait_s=5.0, max_steps=7), store=store,
+                      hooks=MiniWoBHooks(miniwob_server), phase=2, purpose="eval", seed=7, progress=False))
+    rows = store.episodes(phase=2)
+    assert len(rows) == 10
+    assert sorted(r["policy_digest"] for r in rows).count("hf:other") == 2
 
 
 def test_browser_crash_is_retried(aloop, miniwob_server, tmp_path):
@@ -85,8 +97,7 @@ def test_browser_crash_is_retried(aloop, miniwob_server, tmp_path):
 
 
 def test_browser_crash_without_retries_is_stored_as_error(aloop, miniwob_server, tmp_path):
-    store_mod = pytest.importorskip("webrl_core.store")
-    store = store_mod.TrajectoryStore(tmp_path / "run")
+    store = TrajectoryStore(tmp_path / "run")
     tasks = miniwob_tasks(["click-button"], 2, seed=12)
     pol = KillOnce(tasks[0]["task_id"])
     eps = aloop.run(rollout(tasks, pol, 1, cfg=small_cfg(episode_retries=0), hooks=MiniWoBHooks(miniwob_server),

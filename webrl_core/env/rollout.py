@@ -9,8 +9,10 @@ Contract:
   as soon as no worker is busy with its browser, or the oldest request has waited ``cfg.batch_wait_s``
   (one call in flight at a time, so requests that arrive during a call join the next one); a policy with
   ``batched = False`` (scripted ones) is called as soon as any request is pending;
-* episode id = ``<purpose>-p<phase>-<task_id>-s<seed>-a<attempt>-<hash8>`` with attempt = how many times the
-  task appeared earlier in ``tasks``: a re-run writes the same ids (the store overwrites, never duplicates);
+* episode id = ``webrl_core.identity.episode_id``: a digest of the task's content, the policy's identity
+  (``policy_digest``), the sampling and environment settings (``settings_digest``), seed and attempt (how
+  many times the task appeared earlier in ``tasks``, unless ``attempts`` gives them). The same inputs give
+  the same ids (a re-run overwrites, never duplicates); any change gives new episodes;
 * an episode whose browser/page crashed (or hung past the step watchdog) is retried up to
   ``cfg.episode_retries`` times on a fresh context (a dead browser is relaunched); after that it is stored
   with ``status="error"``, ``env_score=None`` and the error text -- never silently scored 0, never lost;
@@ -22,13 +24,13 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import re
+import socket
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from webrl_core import identity
 from webrl_core.agent_api import StepContext
 from webrl_core.env.actions import is_crash
 from webrl_core.env.browser import BrowserPool
@@ -40,10 +42,26 @@ class PolicyError(RuntimeError):
     """The policy failed or returned a malformed batch; the rollout stops (finished episodes are stored)."""
 
 
-def episode_id_for(task_id: Any, phase: int, purpose: str, seed: int, attempt: int) -> str:
-    raw = f"{task_id}|{phase}|{purpose}|{seed}|{attempt}"
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(task_id))[:60]
-    return f"{purpose}-p{phase}-{safe}-s{seed}-a{attempt}-{hashlib.sha1(raw.encode()).hexdigest()[:8]}"
+def default_attempts(tasks: list[dict]) -> list[int]:
+    """Attempt number of each task: how many times its id appeared earlier in the list (duplicates = samples)."""
+    seen: dict[str, int] = {}
+    out = []
+    for task in tasks:
+        if "task_id" not in task:
+            raise ValueError(f"task has no task_id: {str(task)[:200]}")
+        tid = str(task["task_id"])
+        out.append(seen.get(tid, 0))
+        seen[tid] = seen.get(tid, 0) + 1
+    return out
+
+
+def plan_episode_ids(tasks: list[dict], *, phase: int, purpose: str, seed: int, policy_digest: str,
+                     settings_digest: str, attempts: list[int] | None = None) -> list[str]:
+    """The episode id each (task, attempt) will be stored under (see ``webrl_core.identity``)."""
+    attempts = default_attempts(tasks) if attempts is None else attempts
+    return [identity.episode_id(t["task_id"], purpose=purpose, phase=phase, task_digest=identity.task_digest(t),
+                                policy_digest=policy_digest, settings_digest=settings_digest, seed=seed, attempt=a)
+            for t, a in zip(tasks, attempts)]
 
 
 class _Batcher:
@@ -152,22 +170,28 @@ async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batch
 
 
 async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, store=None, phase: int = 0,
-                  purpose: str = "rollout", policy_id: str | None = None, seed: int = 0,
+                  purpose: str = "rollout", policy_id: str | None = None, policy_digest: str | None = None,
+                  settings_digest: str | None = None, attempts: list[int] | None = None, seed: int = 0,
                   progress: bool = True, judge=None, pool: BrowserPool | None = None,
                   screenshot_dir=None) -> list[dict]:
     """Run every task once (duplicates = more samples) and return episode dicts (each with a ``steps`` list).
 
+    ``policy_digest`` / ``settings_digest``: the identity of what acts (``webrl_core.identity``); by default the
+    policy's own ``policy_digest`` (else its ``policy_id``) and the env's behaviour settings.
     ``screenshot_dir``: with ``cfg.screenshots``, a PNG per step goes to ``<dir>/<episode_id>/<idx>.png``."""
     screenshot_dir = screenshot_dir if getattr(cfg, "screenshots", False) else None
     policy_id = policy_id or getattr(policy, "policy_id", type(policy).__name__)
-    seen: dict[str, int] = {}
+    policy_digest = policy_digest or getattr(policy, "policy_digest", None) or policy_id
+    settings_digest = settings_digest or identity.settings_digest(cfg)
+    attempts = default_attempts(tasks) if attempts is None else list(attempts)
+    if len(attempts) != len(tasks):
+        raise ValueError(f"rollout: {len(attempts)} attempts for {len(tasks)} tasks")
+    ids = plan_episode_ids(tasks, phase=phase, purpose=purpose, seed=seed, policy_digest=policy_digest,
+                           settings_digest=settings_digest, attempts=attempts)
+    node = socket.gethostname()
     jobs: asyncio.Queue = asyncio.Queue()
-    for task in tasks:
-        if "task_id" not in task:
-            raise ValueError(f"task has no task_id: {str(task)[:200]}")
-        tid = str(task["task_id"])
-        jobs.put_nowait((task, seen.get(tid, 0)))
-        seen[tid] = seen.get(tid, 0) + 1
+    for task, attempt, eid in zip(tasks, attempts, ids):
+        jobs.put_nowait((task, attempt, eid))
     n_workers = max(1, min(n_envs, len(tasks)))
     own_pool = pool is None
     pool = pool or BrowserPool(cfg)
@@ -181,8 +205,8 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
         batcher.enter()
         try:
             while not jobs.empty():
-                task, attempt = jobs.get_nowait()
-                ep = await _episode_with_retries(env, task, attempt)
+                task, attempt, eid = jobs.get_nowait()
+                ep = await _episode_with_retries(env, task, eid)
                 end_episode = getattr(hooks, "end_episode", None)  # e.g. drop the episode's site DB copies
                 if end_episode is not None:
                     end_episode(ep["episode_id"])
@@ -194,11 +218,12 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
             batcher.leave()
             await env.close()
 
-    async def _episode_with_retries(env: WebEnv, task: dict, attempt: int) -> dict:
-        eid = episode_id_for(task["task_id"], phase, purpose, seed, attempt)
+    async def _episode_with_retries(env: WebEnv, task: dict, eid: str) -> dict:
         sites = task.get("sites") or []
         base = {"episode_id": eid, "task_id": str(task["task_id"]), "phase": phase, "policy_id": policy_id,
-                "purpose": purpose, "intent": task.get("intent", ""), "site": "+".join(sites), "seed": seed}
+                "purpose": purpose, "intent": task.get("intent", ""), "site": "+".join(sites), "seed": seed,
+                "task_digest": identity.task_digest(task), "policy_digest": policy_digest,
+                "settings_digest": settings_digest, "node": node}
         error = None
         started = time.time()
         t0 = time.perf_counter()
@@ -243,7 +268,7 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
 
 _EPISODE_KEYS = ("episode_id", "task_id", "phase", "policy_id", "purpose", "status", "final_answer", "env_score",
                  "orm_score", "success", "n_steps", "started_at", "wall_s", "policy_s", "env_s", "error", "intent",
-                 "site", "seed")
+                 "site", "seed", "task_digest", "policy_digest", "settings_digest", "node")
 
 
 class _Progress:

@@ -97,7 +97,7 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
         m: dict = {}
         test_ref = T.test_set(T.cfg_for(s, "test"), rd, rid)
         cands, gen_m = T.generate_tasks(T.cfg_for(s, "generate"), rd, rid, phase, seed_purpose,
-                                        stages.labelled_state(rd, phase - 1))
+                                        stages.labelled_state(rd, phase - 1, stages.phase_policy_digest(s, rd, phase - 1)))
         m.update(gen_m)
         kept, filt_m = T.filter_tasks(T.cfg_for(s, "filter"), rd, rid, phase, cands, prev_critic, phase > 1, orm_ref)
         m.update(filt_m)

@@ -46,7 +46,7 @@ SECTIONS = {
     "filter": ("run", "sites", "env", "models", "critic", "curriculum", "orm"),
     "orm_label": ("models", "orm"),
     "samples": ("actor",),
-    "replay": ("run", "models", "replay", "actor"),
+    "replay": ("run", "models", "replay", "actor", "policy"),
     "train": ("run", "models", "actor", "critic"),
     "eval": ("run", "sites", "env", "policy", "models", "prompt", "eval"),
 }

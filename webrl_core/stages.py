@@ -96,31 +96,54 @@ def site_session(settings: WebRLSettings) -> Iterator[Any]:
         sites.stop()
 
 
-def rollout_identity(settings: WebRLSettings, actor_ref: ArtifactRef | None, temperature: float, purpose: str
-                     ) -> dict[str, str]:
-    """What acts in a rollout, as it enters the episode keys (``webrl_core.identity``): the policy's identity
-    (``hf:<checkpoint sha256>``, ``openai:<model>@<served digest>``, ``oracle``, ``random:s<seed>``) and the
-    digest of the sampling (model policies only) and env/site settings."""
+def policy_digest_for(settings: WebRLSettings, actor_ref: ArtifactRef | None, purpose: str) -> str:
+    """The policy's identity in episode keys (``webrl_core.identity``): ``hf:<checkpoint sha256>``,
+    ``openai:<model>@<served digest>``, ``oracle`` or ``random:s<seed>``."""
     backend = settings.policy.backend if purpose not in identity.SCRIPTED_POLICIES else purpose
     if backend == "oracle":
-        policy_digest = "oracle"
-    elif backend == "random":
-        policy_digest = f"random:s{settings.run.seed}"
-    elif backend == "openai":
+        return "oracle"
+    if backend == "random":
+        return f"random:s{settings.run.seed}"
+    if backend == "openai":
         from webrl_core.policy import served_model_digest
 
         pc = settings.policy
-        policy_digest = f"openai:{pc.model_name}@{served_model_digest(pc.base_url, pc.model_name, pc.api_key_env)}"
-    else:
-        if actor_ref is None:
-            raise ValueError(f"policy.backend=hf needs an actor checkpoint for the {purpose!r} rollout; none was given")
-        policy_digest = f"hf:{actor_ref.sha256}"
+        return f"openai:{pc.model_name}@{served_model_digest(pc.base_url, pc.model_name, pc.api_key_env)}"
+    if actor_ref is None:
+        raise ValueError(f"policy.backend=hf needs an actor checkpoint for the {purpose!r} rollout; none was given")
+    return f"hf:{actor_ref.sha256}"
+
+
+def rollout_identity(settings: WebRLSettings, actor_ref: ArtifactRef | None, temperature: float, purpose: str
+                     ) -> dict[str, str]:
+    """What acts in a rollout, as it enters the episode keys: the policy's identity and the digest of the
+    sampling (model policies only) and env/site settings."""
     sites = {"mode": settings.sites.mode, "data_seed": settings.sites.data_seed, "urls": settings.sites.urls}
-    sampled = backend not in identity.SCRIPTED_POLICIES  # scripted policies ignore the sampling settings
-    return {"policy_digest": policy_digest,
+    sampled = purpose not in identity.SCRIPTED_POLICIES and settings.policy.backend not in identity.SCRIPTED_POLICIES
+    return {"policy_digest": policy_digest_for(settings, actor_ref, purpose),
             "settings_digest": identity.settings_digest(settings.env, temperature=temperature if sampled else None,
                                                         policy_cfg=settings.policy, prompt_style=settings.prompt.style,
                                                         sites=sites)}
+
+
+def phase_policy_digest(settings: WebRLSettings, run_dir: str | Path, phase: int) -> str:
+    """Identity of the policy whose rollouts are phase ``phase``'s own experience in the current lineage: the
+    SFT actor's bootstrap rollouts for phase 0, actor k-1's rollouts for phase k >= 1 (Algorithm 1). Episodes of
+    the same phase by other policies (an earlier run before a knob changed an upstream model) are stale."""
+    return policy_digest_for(settings, model_ref(run_dir, max(0, phase - 1), "actor"),
+                             "bootstrap" if phase == 0 else "rollout")
+
+
+def lineage(settings: WebRLSettings, run_dir: str | Path, before_phase: int) -> list[str]:
+    """``"<phase>|<policy digest>"`` of the experience phases < ``before_phase`` contribute to replay: the oracle's
+    demonstrations and each phase's rollouts by the policy of the current lineage."""
+    out = ["0|oracle"]
+    for k in range(before_phase):
+        try:
+            out.append(f"{k}|{phase_policy_digest(settings, run_dir, k)}")
+        except FileNotFoundError:  # a real-model run without bootstrap rollouts has no phase-0 actor of its own
+            continue
+    return out
 
 
 def make_policy(settings: WebRLSettings, actor_ref: ArtifactRef | None, temperature: float, purpose: str):
@@ -370,15 +393,16 @@ def generate_tasks(settings: WebRLSettings, run_dir: str, phase: int, seed_purpo
 
     store = TrajectoryStore(run_dir)
     prev = phase - 1
+    args = {"p": prev, "pur": seed_purpose, "pd": phase_policy_digest(settings, run_dir, prev)}
     failed = store.sql("""SELECT DISTINCT e.site, e.task_id, e.intent, t.config_json FROM episodes e
                           JOIN tasks t USING (task_id) WHERE e.phase = $p AND e.purpose = $pur AND e.success = false
-                          ORDER BY e.site, e.task_id""", {"p": prev, "pur": seed_purpose})
+                          AND e.policy_digest = $pd ORDER BY e.site, e.task_id""", args)
     seed_source = "failed tasks"
     if not failed:  # nothing failed (or the ORM says so): evolve from all of the previous phase's tasks instead
         seed_source = "all tasks (no failures)"
         failed = store.sql("""SELECT DISTINCT e.site, e.task_id, e.intent, t.config_json FROM episodes e
                               JOIN tasks t USING (task_id) WHERE e.phase = $p AND e.purpose = $pur
-                              ORDER BY e.site, e.task_id""", {"p": prev, "pur": seed_purpose})
+                              AND e.policy_digest = $pd ORDER BY e.site, e.task_id""", args)
     by_site: dict[str, list[dict]] = {}
     for r in failed:
         by_site.setdefault(r["site"], []).append({"task_id": r["task_id"], "intent": r["intent"],
@@ -406,7 +430,7 @@ def generate_tasks(settings: WebRLSettings, run_dir: str, phase: int, seed_purpo
         c["task_id"] = identity.generated_task_id(phase, c)
     per_site = _count_sites(cands)
     ref = _vjson(cands, phase_dir(run_dir, "tasks", phase) / "generated.json",
-                 output_key(settings, labelled_state(run_dir, phase - 1)))
+                 output_key(settings, labelled_state(run_dir, phase - 1, args["pd"])))
     return ref, {"seed_source": seed_source, "seeds": len(failed), "generated": len(cands), **{f"generated_{k}": v for k, v in per_site.items()}}
 
 
@@ -527,7 +551,8 @@ def build_samples(settings: WebRLSettings, run_dir: str, phase: int, rollouts: d
     eps, by_ep = _episodes_with_steps(store, rollouts["episode_ids"])
     samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
     ref = _write_jsonl(samples, phase_dir(run_dir, "data", phase) / "samples.jsonl",
-                       output_key(settings, json.dumps(rollouts["episode_ids"]), labelled_state(run_dir, phase)))
+                       output_key(settings, json.dumps(rollouts["episode_ids"]),
+                                  labelled_state(run_dir, phase, rollouts.get("policy_digest"))))
     return ref, {"samples": len(samples), "positive_samples": sum(1 for s in samples if s["trajectory_reward"] > 0)}
 
 
@@ -545,7 +570,7 @@ def select_replay(settings: WebRLSettings, run_dir: str, phase: int, actor_ref: 
     from webrl_core.transitions import build_transitions
 
     store = TrajectoryStore(run_dir)
-    rows = store.successful_steps(before_phase=phase)
+    rows = store.successful_steps(before_phase=phase, lineage=lineage(settings, run_dir, phase))
     model = load_causal_lm(actor_ref.path, settings.models)
     tok = load_tokenizer(actor_ref.path)
     picked, info = score_replay(rows, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
@@ -698,10 +723,13 @@ def model_ref(run_dir: str | Path, phase: int, name: str) -> ArtifactRef:
     return ArtifactRef.of(p, "model")
 
 
-def labelled_state(run_dir: str | Path, phase: int) -> str:
-    """Digest of a phase's episode labels (the seeds of the next generation)."""
+def labelled_state(run_dir: str | Path, phase: int, policy_digest: str | None = None) -> str:
+    """Digest of a phase's episode labels (the seeds of the next generation), of one policy's episodes if given."""
     import hashlib
 
-    rows = TrajectoryStore(run_dir).sql(
-        "SELECT episode_id, success FROM episodes WHERE phase = $p ORDER BY episode_id", {"p": phase})
+    q = "SELECT episode_id, success FROM episodes WHERE phase = $p"
+    args: dict = {"p": phase}
+    if policy_digest is not None:
+        q, args["pd"] = q + " AND policy_digest = $pd", policy_digest
+    rows = TrajectoryStore(run_dir).sql(q + " ORDER BY episode_id", args)
     return hashlib.sha256(json.dumps(rows, default=str).encode()).hexdigest()

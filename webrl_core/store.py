@@ -378,12 +378,14 @@ class TrajectoryStore:
         SELECT s.episode_id, s.idx, s.phase, s.prompt, s.response, e.intent, e.task_id
         FROM steps s JOIN episodes e USING (episode_id)
         WHERE e.success AND e.phase < $phase AND e.purpose IN ('rollout', 'bootstrap', 'oracle')
+        AND ($lineage IS NULL OR (e.phase::VARCHAR || '|' || e.policy_digest) IN (SELECT unnest($lineage)))
         ORDER BY s.episode_id, s.idx
     """
 
-    def successful_steps(self, before_phase: int) -> list[dict]:
-        """Steps of successful episodes of phases < before_phase (the replay candidates)."""
-        return self.sql(self.REPLAY_SQL, {"phase": before_phase})
+    def successful_steps(self, before_phase: int, lineage: list[str] | None = None) -> list[dict]:
+        """Steps of successful episodes of phases < before_phase (the replay candidates); with ``lineage``
+        (``"<phase>|<policy digest>"`` strings) only the episodes of those policies in those phases."""
+        return self.sql(self.REPLAY_SQL, {"phase": before_phase, "lineage": lineage})
 
     def failed_intents(self, phase: int, purpose: str = "rollout") -> dict[str, list[dict]]:
         """Failed tasks of a phase grouped by site: {site: [{task_id, intent}]} (seeds of the next generation)."""

@@ -133,6 +133,33 @@ def test_changing_the_replay_window_reruns_only_downstream(smoke_run):
     assert all(s == "Cached" for s in _task_states(root, "webrl-phase").values())
 
 
+def test_evaluations_of_two_models_in_one_run_dir_never_mix(smoke_run):
+    from webrl_core.artifacts import sha256_path
+
+    root, cfg, run = smoke_run
+    init = sorted((run / "models" / "phase=0" / ".versions").glob("init@*"))[0]  # the untrained model
+    models = {"sft": run / "models" / "phase=0" / "actor", "init": init}
+    digests = {k: sha256_path(v) for k, v in models.items()}
+    assert digests["sft"] != digests["init"]
+    results = {}
+    for name in ("sft", "init", "sft"):  # A, then B, then A again (must not read B's episodes)
+        out = _webrl(root, "eval", "--config", str(cfg), "--model", str(models[name])).stdout
+        assert f"policy hf:{digests[name]}" in out, out
+        ev = json.loads((run / "eval" / f"model={digests[name][:12]}.json").read_text())
+        results.setdefault(name, []).append(ev)
+    store = TrajectoryStore(run)
+    for name, evs in results.items():
+        ev = evs[-1]
+        assert ev["policy_digest"] == f"hf:{digests[name]}" and ev["total"]["n"] == 6
+        rows = store.sql("SELECT * FROM episodes WHERE episode_id IN (SELECT unnest($ids))", {"ids": ev["episode_ids"]})
+        assert len(rows) == 6 and {r["policy_digest"] for r in rows} == {ev["policy_digest"]}
+        assert ev["total"]["success"] == sum(1 for r in rows if r["status"] != "error" and r["env_score"] >= 1.0)
+        assert all(e["episode_ids"] == ev["episode_ids"] for e in evs)  # the second A run reused A's own episodes
+    assert not set(results["sft"][-1]["episode_ids"]) & set(results["init"][-1]["episode_ids"])
+    n_eval = store.sql("SELECT policy_digest, count(*) AS n FROM episodes WHERE phase = 100 GROUP BY ALL")
+    assert {r["policy_digest"]: r["n"] for r in n_eval} == {f"hf:{d}": 6 for d in digests.values()}
+
+
 def test_reproduce_matches(smoke_run):
     root, cfg, run = smoke_run
     r = _webrl(root, "reproduce", str(run), "--phase", "1")
@@ -198,4 +225,8 @@ def test_deployment_run_on_a_real_prefect_server(smoke_run):
         stack.stop()
     runs = client.search_runs([exp.experiment_id], "attributes.run_name = 'webrl-phase-1'")
     assert len(runs) == n_before + 1 and runs[0].info.status == "FINISHED"
-    assert TrajectoryStore(run).sql("SELECT count(*) AS n FROM episodes WHERE phase = 1 AND purpose = 'eval'")[0]["n"] == 6
+    from webrl_core.artifacts import sha256_path
+
+    actor = f"hf:{sha256_path(run / 'models' / 'phase=1' / 'actor')}"
+    assert TrajectoryStore(run).sql("SELECT count(*) AS n FROM episodes WHERE phase = 1 AND purpose = 'eval' "
+                                    "AND policy_digest = $p", {"p": actor})[0]["n"] == 6

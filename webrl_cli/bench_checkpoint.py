@@ -1,0 +1,15 @@
+"""`webrl bench checkpoint`."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("checkpoint")
+    def bench_checkpoint(size_gb: float = typer.Option(2.0, help="size of the synthetic checkpoint folder"),
+                         root: str = typer.Option(None, help="where to write it (default: the temp dir)"),
+                         repeats: int = typer.Option(3, help="timings per variant (best is reported)")):
+        """Flow-start cost of referencing checkpoints: full sha256 per reference vs the saved manifest."""
+        from webrl_core.bench.checkpoint import run
+        run(size_gb=size_gb, root=root, repeats=repeats)

@@ -189,14 +189,24 @@ def phase_warnings(metrics: dict) -> list[str]:
 
 
 def _register_model(path: str, phase: int) -> None:
+    """Log the actor's folder and register it as a version of ``webrl-actor``. The folder is a plain HF
+    checkpoint (no MLmodel file), so the version is created from its artifact URI: MLflow 3's
+    ``register_model("runs:/...")`` only finds models logged through a flavour. Failures raise."""
     import mlflow
 
     run = mlflow.active_run()
     if run is None:
         return
     mlflow.log_artifacts(path, artifact_path="actor")
+    client = mlflow.MlflowClient()
     try:
-        mlflow.register_model(f"runs:/{run.info.run_id}/actor", "webrl-actor", tags={"phase": str(phase)})
+        try:
+            client.create_registered_model("webrl-actor")
+        except mlflow.exceptions.MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        client.create_model_version("webrl-actor", source=mlflow.get_artifact_uri("actor"), run_id=run.info.run_id,
+                                    tags={"phase": str(phase), "checkpoint": path})
     except mlflow.exceptions.MlflowException as e:
         # fail the phase rather than print and move on: a missing registered model is what a user would not notice
         raise RuntimeError(f"MLflow model registry at {mlflow.get_tracking_uri()} refused phase {phase}'s actor "

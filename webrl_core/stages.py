@@ -424,7 +424,9 @@ def generate_tasks(settings: WebRLSettings, run_dir: str, phase: int, seed_purpo
     # over-generate so the filter can still keep tasks_per_phase
     n_per_site = max(1, (2 * cur.tasks_per_phase) // max(1, len(by_site))) if by_site else 0
     cands = gen.generate(by_site, rng, n_per_site)
-    seen = [r["intent"] for r in store.sql("SELECT intent FROM tasks")]
+    # de-duplicate against the tasks of earlier phases (train pools, test set, earlier generations), not against
+    # this phase's own earlier output: a re-run must generate the same tasks again
+    seen = [r["intent"] for r in store.sql("SELECT intent FROM tasks WHERE phase < $p", {"p": phase})]
     cands = dedupe(cands, seen)
     for c in cands:
         c["task_id"] = identity.generated_task_id(phase, c)

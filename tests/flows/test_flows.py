@@ -96,6 +96,16 @@ def test_bootstrap_and_phase_write_store_models_and_mlflow(smoke_run):
     assert {"webrl-bootstrap", "webrl-phase-1"} <= set(runs)
     m = runs["webrl-phase-1"].data.metrics
     assert "test_success_rate" in m and "orm_accuracy" in m and "generated" in m
+    assert {"test_solved", "test_failed", "test_errored"} <= set(m)
+    versions = client.search_model_versions("name='webrl-actor'")  # registry failures fail the phase, so it is there
+    assert any(v.tags.get("phase") == "1" and v.run_id == runs["webrl-phase-1"].info.run_id for v in versions)
+    # every stored episode says what produced it; the phase's rollouts come from the phase-start actor
+    from webrl_core.artifacts import sha256_path
+
+    sft = f"hf:{sha256_path(run / 'models' / 'phase=0' / 'actor')}"
+    assert {e["policy_digest"] for e in by[(1, "rollout")]} == {sft}
+    assert {e["policy_digest"] for e in by[(0, "oracle")]} == {"oracle"}
+    assert all(e["task_digest"] and e["settings_digest"] and e["node"] for e in eps)
 
 
 def test_rerun_is_all_cache_hits_with_identical_artifacts(smoke_run):

@@ -117,3 +117,14 @@ def test_kill_during_writes_then_read(tmp_path):
         for e in eps:
             assert counts.get(e["episode_id"]) == e["n_steps"], e["episode_id"]
         assert set(counts) <= {e["episode_id"] for e in eps}
+
+
+def test_replay_candidates_follow_the_lineage(tmp_path):
+    st = TrajectoryStore(tmp_path)
+    items = [_episode("demo", 0, True, 2, purpose="oracle"), _episode("cur", 1, True, 2), _episode("stale", 1, True, 2),
+             _episode("vab", 0, True, 2)]
+    digests = ["oracle", "hf:sft", "hf:old-sft", "imported:vab"]
+    st.write_episodes([(dict(ep, policy_digest=d), steps) for (ep, steps), d in zip(items, digests)])
+    got = {r["episode_id"] for r in st.successful_steps(before_phase=2, lineage=["0|oracle", "1|hf:sft"])}
+    assert got == {"demo", "cur", "vab"}  # the stale branch's episode of phase 1 is not replayed
+    assert {r["episode_id"] for r in st.successful_steps(before_phase=2)} == {"demo", "cur", "stale", "vab"}

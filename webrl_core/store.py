@@ -378,13 +378,15 @@ class TrajectoryStore:
         SELECT s.episode_id, s.idx, s.phase, s.prompt, s.response, e.intent, e.task_id
         FROM steps s JOIN episodes e USING (episode_id)
         WHERE e.success AND e.phase < $phase AND e.purpose IN ('rollout', 'bootstrap', 'oracle')
-        AND ($lineage IS NULL OR (e.phase::VARCHAR || '|' || e.policy_digest) IN (SELECT unnest($lineage)))
+        AND ($lineage IS NULL OR (e.phase::VARCHAR || '|' || e.policy_digest) IN (SELECT unnest($lineage))
+             OR starts_with(e.policy_digest, 'imported:'))
         ORDER BY s.episode_id, s.idx
     """
 
     def successful_steps(self, before_phase: int, lineage: list[str] | None = None) -> list[dict]:
         """Steps of successful episodes of phases < before_phase (the replay candidates); with ``lineage``
-        (``"<phase>|<policy digest>"`` strings) only the episodes of those policies in those phases."""
+        (``"<phase>|<policy digest>"`` strings) only the episodes of those policies in those phases, plus
+        imported traces (``store import-traces``: experience the user added on purpose)."""
         return self.sql(self.REPLAY_SQL, {"phase": before_phase, "lineage": lineage})
 
     def failed_intents(self, phase: int, purpose: str = "rollout") -> dict[str, list[dict]]:

@@ -185,7 +185,7 @@ def import_vab_traces(traces_dir: str | Path, phase: int = 0, policy_id: str = "
             "purpose": purpose, "status": "done", "final_answer": None, "env_score": score, "orm_score": None,
             "success": None if score is None else score >= 0.5, "n_steps": len(steps), "started_at": None,
             "wall_s": None, "policy_s": None, "env_s": None, "error": None, "intent": intent, "site": None,
-            "seed": None,
+            "seed": None, "policy_digest": f"imported:{policy_id}", "settings_digest": "imported",
         }
         if episode["success"] is not None and steps:
             steps[-1]["reward"] = float(episode["success"])

@@ -7,6 +7,19 @@ browsers start lazily and a browser that disconnected (crash, kill) is relaunche
 viewport, geolocation and storage_state file.
 
 Hosts are compared as ``host:port`` strings (``url_host``), with the default port filled in.
+
+Containment (a context opened with an allow-list; measured in tests/env/test_containment.py): Playwright's
+``context.route`` aborts the requests it sees, but it does not see everything a page can send. Measured on
+Chromium 156 with Playwright 1.65, a page on an allowed host reached an outside host through WebSockets (from
+the page, its iframes, popups and every kind of worker), ``WebSocketStream``, shared workers (all their
+requests), audio worklets, ``fetchLater``, speculation-rules prefetch/prerender, an allowed host's HTTP redirect
+to an outside host (route sees only the first URL of a redirect chain), WebRTC (STUN/TURN over UDP, TURN/TCP)
+and WebTransport (QUIC over UDP, ``--disable-quic`` notwithstanding). So every such context also gets
+``BlackholeProxy`` as its HTTP proxy with the allowed hosts on the bypass list: Chromium's network service sends
+whatever is not allowed (whichever API, realm or process asked for it) to a local socket that answers nothing;
+WebTransport to a proxied host fails without sending a datagram, and WebRTC may not use UDP outside a proxy
+(``--force-webrtc-ip-handling-policy``; full Chromium ignores it and gets ``NO_WEBRTC_JS``), so neither has a
+path out.
 """
 
 from __future__ import annotations
@@ -21,7 +34,21 @@ from urllib.parse import urlsplit
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
+                 "--disable-dev-shm-usage",
+                 # WebRTC sends STUN/TURN over UDP, which no HTTP proxy carries: with this policy it may only
+                 # use the context's proxy. Measured in the headless shell: without it one RTCPeerConnection in
+                 # a proxied context sent 10 datagrams to an outside port (and, unproxied, opened a TURN/TCP
+                 # connection); with it none. Full Chromium ignores it: see NO_WEBRTC_JS
+                 "--force-webrtc-ip-handling-policy=disable_non_proxied_udp"]
+
+# Full Chromium (unlike the headless shell) ignores --force-webrtc-ip-handling-policy: measured, a proxied context
+# still sent 10 STUN/TURN datagrams to an outside port. There a contained context loses WebRTC in every document
+# instead (Playwright runs init scripts in each frame and popup, about:blank ones included; workers have no WebRTC)
+NO_WEBRTC_JS = """(() => {
+  for (const k of ["RTCPeerConnection", "webkitRTCPeerConnection", "RTCDataChannel", "RTCIceCandidate",
+                   "RTCSessionDescription", "RTCRtpSender", "RTCRtpReceiver", "RTCRtpTransceiver"])
+    try { delete globalThis[k]; } catch (e) {}
+})();"""
 
 WEBARENA_PLACEHOLDERS = {
     "shopping": "__SHOPPING__", "shopping_admin": "__SHOPPING_ADMIN__", "reddit": "__REDDIT__",
@@ -54,6 +81,65 @@ def outside_hosts_pattern(allowed: Iterable[str]) -> re.Pattern:
     if not alts:
         return re.compile(r"^[a-z][a-z0-9+.-]*://", re.IGNORECASE)
     return re.compile(r"^[a-z][a-z0-9+.-]*://(?!(?:" + "|".join(alts) + r")(?:[/?#]|$))", re.IGNORECASE)
+
+
+def proxy_bypass_list(allowed: Iterable[str]) -> str:
+    """Chromium proxy bypass rules that let exactly the ``allowed`` ``host:port``s go direct.
+
+    ``<-loopback>`` first: Chromium otherwise never proxies localhost/127.0.0.1/[::1], and local sites are the
+    usual case (WebArena runs on localhost ports). A rule's port is compared with the URL's effective port, so
+    ``127.0.0.1:80`` also covers ``http://127.0.0.1/``, and host names are compared as written: ``localhost:80``
+    does not cover ``http://127.0.0.1/``, as in ``url_host`` (both measured)."""
+    rules = ["<-loopback>"]
+    for hp in sorted({a.lower() for a in allowed}):
+        host, _, port = hp.rpartition(":")
+        rules.append(f"[{host}]:{port}" if ":" in host else hp)
+    return ",".join(rules)
+
+
+class BlackholeProxy:
+    """An HTTP proxy on 127.0.0.1 that forwards nothing: the backstop of host blocking.
+
+    A context opened with ``proxy=hole.settings(allowed)`` connects straight to the allowed hosts (the
+    bypass list) and hands every other request to this socket, whichever API, frame, worker or browser-side
+    fetcher made it. Each connection's request target is passed to ``on_blocked`` (an absolute URL for plain
+    HTTP; ``host:port`` for a ``CONNECT`` tunnel, which Chromium uses for https, ws and wss through a proxy)
+    and the connection is closed unanswered, so the request fails (a navigation lands on Chromium's error
+    page) and nothing reaches the host. Serves on the event loop that started it; only blocked traffic comes
+    here, so allowed traffic pays nothing."""
+
+    def __init__(self, on_blocked: Callable[[str], None]) -> None:
+        self.on_blocked = on_blocked
+        self._server: asyncio.base_events.Server | None = None
+        self.port = 0
+
+    async def start(self) -> "BlackholeProxy":
+        if self._server is None:
+            self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def settings(self, allowed: Iterable[str]) -> dict:
+        """Playwright's ``proxy`` option for ``browser.new_context``."""
+        return {"server": f"http://127.0.0.1:{self.port}", "bypass": proxy_bypass_list(allowed)}
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 5)
+        except (asyncio.TimeoutError, OSError, ValueError):  # ValueError: a line over the stream limit
+            line = b""
+        parts = line.decode("latin-1").split()
+        if len(parts) >= 2:
+            try:
+                self.on_blocked(parts[1])
+            except Exception:  # a recorder's bug must not keep the socket open
+                pass
+        writer.transport.abort()
+
+    async def close(self) -> None:
+        srv, self._server = self._server, None
+        if srv is not None:
+            srv.close()
 
 
 def substitute_urls(obj: Any, url_map: dict[str, str]) -> Any:
@@ -208,15 +294,20 @@ class BrowserPool:
             return b
 
     async def new_context(self, slot: int, *, storage_state: str | None = None,
-                          geolocation: dict | None = None):
+                          geolocation: dict | None = None, proxy: dict | None = None):
+        """A fresh context on the slot's browser; ``proxy``: Playwright's proxy option (``BlackholeProxy``)."""
         browser = await self.browser_for(slot)
         kwargs: dict[str, Any] = {"viewport": {"width": self.cfg.viewport_width, "height": self.cfg.viewport_height}}
         if storage_state:
             kwargs["storage_state"] = storage_state
+        if proxy:
+            kwargs["proxy"] = proxy
         if geolocation:
             kwargs["geolocation"] = geolocation
             kwargs["permissions"] = ["geolocation"]
         ctx = await browser.new_context(**kwargs)
+        if proxy and chromium_executable(self.cfg) != HEADLESS_SHELL:
+            await ctx.add_init_script(NO_WEBRTC_JS)
         ctx.set_default_timeout(self.cfg.action_timeout_ms)
         ctx.set_default_navigation_timeout(max(self.cfg.action_timeout_ms, 10000))
         return ctx

@@ -9,7 +9,17 @@ Episode control (webrl_spec.md §6.1, envs_spec.md §2.3):
   max_steps set the answer to ``"Early stop: <reason>"`` and the episode is still evaluated;
 * an action that cannot run (unknown id, no such option, timeout) does not end the episode: its message is the
   first line of the next observation, ``[error] ...``;
-* navigation to a host outside ``hooks.allowed_hosts()`` is aborted and recorded in ``info["blocked"]``;
+* nothing the page does reaches a host outside ``hooks.allowed_hosts()`` (with ``block_other_hosts``; how, and
+  what was measured: ``browser.py``'s docstring). A blocked navigation is recorded in ``info["blocked"]``, named
+  in the next observation's ``[error]`` line, and the tab returns to where it was (a new tab that only tried to
+  leave is closed). Traffic that got past Playwright's route and was stopped by the ``BlackholeProxy``
+  (WebSockets, shared workers' requests, ...: an absolute URL, or ``host:port`` for a tunnel: ws/wss/https) is
+  recorded in ``info["blocked_other"]``; both go to ``blocked_urls``. Ordinary subresources (images, fetch, ...)
+  that the route aborts are not recorded: trackers would flood the record;
+* a step never raises because a page failed to load: a tab on Chromium's error page (``chrome-error://``,
+  e.g. a link to a closed port) is observed as ``[error] error page: net::ERR_... for <url>``, with
+  ``info["error"]`` set; ``Go backward`` leaves it. A start URL that does not load still fails ``reset`` (an
+  episode that cannot start is an infrastructure error: the rollout engine retries it, then records it);
 * a dead page/browser raises ``EnvCrash`` (the rollout engine restarts the browser and retries the episode);
 * every step reports ``action_s`` (executing the action) and ``obs_s`` (settling + extracting the observation).
 """
@@ -21,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from webrl_core.env.actions import (Action, ActionError, ActionParseError, execute, is_crash, parse_action)
-from webrl_core.env.browser import BrowserPool, NoHooks, SiteHooks, outside_hosts_pattern, substitute_urls
+from webrl_core.env.browser import (BlackholeProxy, BrowserPool, NoHooks, SiteHooks, outside_hosts_pattern,
+                                    substitute_urls, url_host)
 from webrl_core.env.observation import Observation, RequestTracker, extract
 
 
@@ -43,8 +54,13 @@ class WebEnv:
         self.episode_id = ""
         self._trackers: dict[Any, RequestTracker] = {}
         self._new_pages: list = []
-        self._blocked: list[str] = []
+        self._blocked: list[str] = []        # blocked navigations since the last step
+        self._blocked_other: list[str] = []  # what reached the BlackholeProxy since the last step
         self._allowed: set[str] = set()
+        self._hole: BlackholeProxy | None = None
+        # main frame -> [url, "net::ERR_...", seen] of its tab's last failed load (seen by _settle_tabs)
+        self._nav_failures: dict[Any, list] = {}
+        self._orphan_failures: list[list] = []  # failed first loads of new tabs: Playwright gives them no frame
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -55,12 +71,21 @@ class WebEnv:
         self.history: list[Action] = []
         self.blocked_urls: list[str] = []
         self.last_obs: Observation | None = None
+        self.last_good_url: str | None = None  # the last observed URL that was not an error page
         self.site_state: dict = {}
 
     # ------------------------------------------------------------------ lifecycle
     async def close(self) -> None:
+        await self._close_context()
+        hole, self._hole = self._hole, None
+        if hole is not None:
+            await hole.close()
+
+    async def _close_context(self) -> None:
         ctx, self.context, self.page = self.context, None, None
         self._trackers.clear()
+        self._nav_failures.clear()
+        self._orphan_failures.clear()
         if ctx is not None:
             try:
                 await ctx.close()
@@ -79,6 +104,33 @@ class WebEnv:
         if req.is_navigation_request():
             self._blocked.append(req.url)
         await route.abort("blockedbyclient")
+
+    def _on_hole(self, target: str) -> None:
+        self._blocked_other.append(target)
+
+    def _on_request_failed(self, req) -> None:
+        """Remember each tab's last failed top-level load: the error page itself does not say what failed."""
+        try:
+            if not req.is_navigation_request():
+                return
+            failure = [req.url, req.failure or "net::ERR_FAILED", False]
+        except Exception:  # the page is gone
+            return
+        try:
+            frame = req.frame
+        except Exception:  # "issued before the frame is created": a new tab's first load (2 of 12 measured
+            # target=_blank tabs); _failure_of hands it to the next error page without a failure of its own
+            self._orphan_failures = self._orphan_failures[-7:] + [failure]
+            return
+        if frame.parent_frame is None:
+            self._nav_failures[frame] = failure
+
+    def _failure_of(self, page) -> list | None:
+        """[url, "net::ERR_...", seen] of the load that left ``page`` on its error page, if known."""
+        failure = self._nav_failures.get(page.main_frame)
+        if failure is None and self._orphan_failures:
+            failure = self._nav_failures[page.main_frame] = self._orphan_failures.pop()
+        return failure
 
     def _on_page(self, page) -> None:
         self._new_pages.append(page)
@@ -131,17 +183,32 @@ class WebEnv:
         self.episode_id = episode_id
         self.task = substitute_urls(dict(task), self.hooks.url_map())
         self._blocked = []
+        self._blocked_other = []
+        self._nav_failures.clear()
+        self._orphan_failures.clear()
         self._allowed = {h.lower() for h in self.hooks.allowed_hosts()}
         try:
             urls = split_start_urls(self.task.get("start_url", "")) or ["about:blank"]
             if await self._soft_reset(urls):
                 return await self._after_reset()
-            await self.close()
+            await self._close_context()
             self._new_pages = []
             storage = self._storage_state(self.task)
+            contain = self.cfg.block_other_hosts and bool(self._allowed)
+            proxy = None
+            if contain:
+                if self._hole is None:
+                    self._hole = await BlackholeProxy(self._on_hole).start()
+                proxy = self._hole.settings(self._allowed)
             self.context = await self.pool.new_context(self.slot, storage_state=storage,
-                                                       geolocation=self.task.get("geolocation"))
-            if self.cfg.block_other_hosts and self._allowed:
+                                                       geolocation=self.task.get("geolocation"), proxy=proxy)
+            self.context.on("requestfailed", self._on_request_failed)
+            if contain:
+                # the route aborts what Playwright sees, before it is sent; the proxy stops the rest. Playwright's
+                # route_web_socket is left out: an in-page wrapper of the WebSocket constructor that workers and
+                # WebSocketStream get past (the proxy stops all of them), and it delays each new tab's page event
+                # enough that a target=_blank tab was missed by _follow_tabs in 3 of 4 runs of
+                # test_every_action_type (0 of 4 without it)
                 await self.context.route(outside_hosts_pattern(self._allowed), self._route)
             await self.hooks.prepare_context(self.context, self.task, episode_id)
             pages = []
@@ -213,7 +280,8 @@ class WebEnv:
         if self.status is not None:
             raise RuntimeError(f"episode {self.episode_id} is over ({self.status}); call reset()")
         self.n_steps += 1
-        info: dict[str, Any] = {"action": None, "error": None, "blocked": [], "action_s": 0.0}
+        info: dict[str, Any] = {"action": None, "error": None, "blocked": [], "blocked_other": [], "action_s": 0.0}
+        prev_page = self.page
         error: str | None = None
         done = False
         t0 = time.perf_counter()
@@ -252,17 +320,10 @@ class WebEnv:
                     self.answer = f"Early stop: the same action {repeats} times"
         info["action_s"] = time.perf_counter() - t0
         try:
-            self._follow_tabs()
-            if self._blocked:
-                info["blocked"] = list(self._blocked)
-                self.blocked_urls += self._blocked
-                error = (error + "; " if error else "") + \
-                    f"navigation to {self._blocked[0]} was blocked (outside the task's websites)"
-                self._blocked = []
-                await self._leave_error_page()
+            error = await self._settle_tabs(prev_page, error, info)
             obs = await self._observe(error)
             if self._new_pages:  # a tab opened while the page settled (popups arrive asynchronously)
-                self._follow_tabs()
+                error = await self._settle_tabs(prev_page, error, info)
                 obs = await self._observe(error)
             if not done:
                 status_fn = getattr(self.hooks, "episode_status", None)
@@ -283,23 +344,97 @@ class WebEnv:
         if not done and self.n_steps >= self.cfg.max_steps:
             done, self.status = True, "max_steps"
             self.answer = f"Early stop: reached max_steps={self.cfg.max_steps}"
-        info.update(obs_s=obs.obs_s, error=error, status=self.status, answer=self.answer if done else None)
+        self._flush_blocked(info, navigations=False)  # blocked while the page settled
+        info.update(obs_s=obs.obs_s, error=obs.error, status=self.status, answer=self.answer if done else None)
         return obs, done, info
 
-    async def _leave_error_page(self) -> None:
-        """A blocked navigation leaves Chromium's error page: return to where the agent was."""
-        if not self.page.url.startswith("chrome-error://"):
+    def _flush_blocked(self, info: dict, navigations: bool = True) -> None:
+        """Move the blocked navigations (unless ``navigations`` is False: those the next step handles) and the
+        other blocked traffic seen so far into ``info`` and ``blocked_urls``."""
+        navs = self._blocked if navigations else []
+        if navigations:
+            self._blocked = []
+        # a navigation the proxy stopped is recorded once, as a navigation
+        other = [u for u in self._blocked_other if u not in navs]
+        self._blocked_other = []
+        info["blocked"] = info["blocked"] + [u for u in navs if u not in info["blocked"]]
+        info["blocked_other"] = info["blocked_other"] + other
+        self.blocked_urls += navs + other
+
+    async def _settle_tabs(self, prev_page, error: str | None, info: dict) -> str | None:
+        """Focus the tab the action left the agent on and deal with blocked navigations; returns ``error`` with
+        the first newly blocked navigation named.
+
+        A tab on an error page whose failed load was for an outside host was blocked, even where the route did
+        not see it (an allowed host's redirect, stopped by the ``BlackholeProxy``): it goes back to where the
+        agent was (``_leave_error_page``)."""
+        self._follow_tabs()
+        page_blocked = False
+        if self.page.url.startswith("chrome-error://") and self.cfg.block_other_hosts and self._allowed:
+            failure = self._failure_of(self.page)
+            if failure is not None:
+                host = url_host(failure[0])
+                page_blocked = bool(host) and host not in self._allowed
+                if page_blocked and not failure[2] and failure[0] not in self._blocked + info["blocked"]:
+                    self._blocked.append(failure[0])
+                failure[2] = True  # recorded once, however many steps the tab stays there
+        new = [u for u in self._blocked if u not in info["blocked"]]
+        if new:
+            error = (error + "; " if error else "") + \
+                f"navigation to {new[0]} was blocked (outside the task's websites)"
+        if new or page_blocked:
+            await self._leave_error_page(prev_page)
+        self._flush_blocked(info)
+        return error
+
+    async def _leave_error_page(self, prev_page=None) -> None:
+        """A blocked navigation leaves Chromium's error page: return to where the agent was.
+
+        Back in the tab's history first; a tab opened by the blocked navigation (a popup, target=_blank) is closed
+        and the tab the agent was on comes back; otherwise the last page the agent saw is loaded again. Failures
+        to get back leave the tab on the error page, which ``_observe`` reports; only a crash raises."""
+        page = self.page
+        if not page.url.startswith("chrome-error://"):
             return
         try:
-            await self.page.go_back(wait_until="domcontentloaded")
-        except Exception:
-            pass
-        if self.page.url.startswith("chrome-error://") and self.last_obs is not None:
-            await self.page.goto(self.last_obs.url, wait_until="domcontentloaded")
+            await page.go_back(wait_until="domcontentloaded")
+        except Exception as e:
+            if is_crash(e):
+                raise
+        if not page.url.startswith("chrome-error://") and \
+                not (page.url == "about:blank" and self.last_good_url not in (None, "about:blank")):
+            return
+        if prev_page is not None and prev_page is not page and not prev_page.is_closed():
+            await page.close()
+            self.page = prev_page
+            await prev_page.bring_to_front()
+            return
+        if self.last_good_url:
+            try:
+                await page.goto(self.last_good_url, wait_until="domcontentloaded")
+            except Exception as e:
+                if is_crash(e):
+                    raise
 
     async def _observe(self, error: str | None) -> Observation:
-        obs = await extract(self.page, keep_bbox=self.cfg.keep_bbox, viewport_only=self.cfg.viewport_only,
-                            settle_timeout_ms=self.cfg.settle_timeout_ms, tracker=self._track(self.page))
+        """The observation of the active tab, ``error`` first. Never raises for the page's own state (an error
+        page, a page that keeps navigating): that is reported in the observation; a crash raises."""
+        page = self.page
+        try:
+            obs = await extract(page, keep_bbox=self.cfg.keep_bbox, viewport_only=self.cfg.viewport_only,
+                                settle_timeout_ms=self.cfg.settle_timeout_ms, tracker=self._track(page))
+        except Exception as e:
+            if is_crash(e):
+                raise
+            obs = Observation(html="", url=page.url)
+            error = (error + "; " if error else "") + \
+                f"the page could not be read: {str(e).strip().splitlines()[0][:300]}"
+        if obs.url.startswith("chrome-error://"):
+            url, failure, _ = self._failure_of(page) or ("", "", False)
+            what = f"{failure} for {url}" if url else "the page failed to load"
+            error = (error + "; " if error else "") + f"error page: {what}"
+        else:
+            self.last_good_url = obs.url
         if error:
             obs.error = error
             obs.html = f"[error] {error}\n{obs.html}"

@@ -16,15 +16,19 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from tasks import stages as T
-from webrl_core import report, stages, tracking
-from webrl_core.config import WebRLSettings, dump_config, load_config
+from webrl_core import report, stages, tracking, validate
+from webrl_core.config import WebRLSettings, load_config
 
 
-def _settings(config: str, overrides: list[str] | None, run_dir: str | None) -> tuple[WebRLSettings, str]:
+def _settings(config: str, overrides: list[str] | None, run_dir: str | None, flow: str, phase: int | None = None,
+              model: str | None = None) -> tuple[WebRLSettings, str]:
+    """Resolve the config, check every input before any work (``validate.preflight``: run dir, test set, store,
+    endpoint, checkpoints), then record the config in the run dir (an earlier, different one is kept)."""
     s = load_config(config, sets=overrides or [])
     rd = str(Path(run_dir or s.run_dir()).resolve())
-    Path(rd).mkdir(parents=True, exist_ok=True)
-    (Path(rd) / "config.yaml").write_text(dump_config(s))
+    for warning in validate.preflight(s, rd, model=model, phase=phase, flow=flow):
+        get_run_logger().warning(warning)
+    validate.record_config(rd, s)
     return s, rd
 
 
@@ -37,7 +41,7 @@ def _rollout(s, rd, rid, phase, purpose, tasks_ref, actor_ref, temperature, n_sh
 @flow(name="webrl-bootstrap", log_prints=True)
 def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides: list[str] | None = None) -> dict:
     """Phase 0 for the embedded default (or existing SFT/ORM checkpoints for real models)."""
-    s, rd = _settings(config, overrides, run_dir)
+    s, rd = _settings(config, overrides, run_dir, "bootstrap")
     rid = stages.run_identity(rd)
     log = get_run_logger()
     b = s.bootstrap
@@ -82,9 +86,7 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
 def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None,
                 overrides: list[str] | None = None) -> dict:
     """One WebRL phase k >= 1; reads actor/critic of phase k-1 and its failed tasks from the run dir."""
-    if phase < 1:
-        raise ValueError(f"phase must be >= 1 (phase 0 is webrl-bootstrap), got {phase}")
-    s, rd = _settings(config, overrides, run_dir)
+    s, rd = _settings(config, overrides, run_dir, "phase", phase=phase)
     rid = stages.run_identity(rd)
     log = get_run_logger()
     prev_actor = stages.model_ref(rd, phase - 1, "actor")
@@ -137,7 +139,7 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
 def webrl_train(config: str = "demo", phases: int | None = None, run_dir: str | None = None,
                 overrides: list[str] | None = None) -> dict:
     """Bootstrap (when needed) then N phases, each a sub-flow, nested under one MLflow run."""
-    s, rd = _settings(config, overrides, run_dir)
+    s, rd = _settings(config, overrides, run_dir, "train")
     n = s.run.phases if phases is None else phases
     out = {}
     with tracking.start_run(rd, "webrl-train", config=s.model_dump(mode="json"), experiment=s.tracking.experiment,
@@ -155,7 +157,7 @@ def webrl_eval(config: str = "demo", model: str = "", run_dir: str | None = None
                overrides: list[str] | None = None, tag: int = 100) -> dict:
     """Evaluate a checkpoint (HF folder) on the test set; its episodes are stored as phase `tag` with purpose
     eval and keyed by the checkpoint's digest, the result in ``eval/model=<digest[:12]>.json``."""
-    s, rd = _settings(config, overrides, run_dir)
+    s, rd = _settings(config, overrides, run_dir, "eval", model=model)
     rid = stages.run_identity(rd)
     if not model and s.policy.backend == "hf":
         raise ValueError("webrl eval: --model names the HF checkpoint folder to evaluate (policy.backend=hf)")

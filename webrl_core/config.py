@@ -21,6 +21,7 @@ import os
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -72,6 +73,11 @@ class SitesConfig(Section):
         bad = sorted(set(v) - set(SITE_NAMES))
         if bad:
             raise ValueError(f"unknown site(s) {bad}; allowed: {list(SITE_NAMES)}")
+        for site, url in v.items():
+            parts = urlsplit(str(url))
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                raise ValueError(f"{site}: {url!r} is not an http(s) URL like http://localhost:8023 (set in the "
+                                 f"config, or by the {site.upper()} / WA_{site.upper()} environment variable)")
         return v
 
     @field_validator("host")
@@ -328,9 +334,13 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if path.resolve() in seen:
         raise ConfigError(f"{path}: 'extends' cycle: {' -> '.join(map(str, seen + (path,)))}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}); expected a YAML config") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
     parent = data.pop("extends", None)
@@ -416,6 +426,7 @@ def load_config(path: str | Path | None = None, overlays: list[str | Path] = (),
         source += f" + --set {k.strip()}"
     env_urls = env_site_urls(environ)
     if env_urls:
+        source += " + env " + ",".join(sorted(s.upper() for s in env_urls))
         data.setdefault("sites", {})
         data["sites"]["urls"] = {**(data["sites"].get("urls") or {}), **env_urls}
     try:

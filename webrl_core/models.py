@@ -55,20 +55,126 @@ def torch_dtype(name: str) -> torch.dtype:
     return _DTYPES[name]
 
 
-def _check_folder(path: str | os.PathLike, what: str) -> Path:
-    p = Path(path)
-    if not (p / "config.json").exists() and what == "model":
-        raise FileNotFoundError(f"{p}: not a Hugging Face model folder (no config.json)")
-    if what == "tokenizer" and not p.exists():
-        raise FileNotFoundError(f"{p}: tokenizer folder does not exist")
+class ModelFolderError(ValueError):
+    """A model or tokenizer folder cannot be used; the message names the folder, the file and what is expected."""
+
+
+class ModelFolderMissing(ModelFolderError, FileNotFoundError):
+    """The model folder does not exist (also a FileNotFoundError, as before)."""
+
+
+# files that hold a tokenizer's vocabulary (any one is enough; tokenizer_config.json alone is not)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model", "tiktoken.model")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+
+def _listing(p: Path, n: int = 12) -> str:
+    names = sorted(x.name for x in p.iterdir())
+    return ", ".join(names[:n]) + (f", ... ({len(names)} files)" if len(names) > n else "") if names else "nothing"
+
+
+def _check_safetensors(f: Path, label: str = "") -> None:
+    """The header of a .safetensors file is readable and the file is as long as the header says."""
+    import json
+    import struct
+
+    size = f.stat().st_size
+    try:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            if n > size - 8:
+                raise ValueError("header longer than the file")
+            header = json.loads(fh.read(n))
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (struct.error, ValueError, KeyError, TypeError, IndexError) as e:
+        raise ModelFolderError(f"{label}{f}: not a readable safetensors file ({e}); the file is damaged or was not "
+                               f"fully copied") from None
+    if 8 + n + end != size:
+        raise ModelFolderError(f"{label}{f}: {size} bytes but its header describes {8 + n + end}; the file was "
+                               f"cut short (an interrupted copy or download?)")
+
+
+def check_model_folder(path: str | os.PathLike, what: str = "model", field: str | None = None) -> Path:
+    """Fail with a :class:`ModelFolderError` naming the folder and the missing or broken file, before any loading:
+    ``what="model"``: a folder with a parseable config.json of an architecture this transformers knows as a causal
+    LM, weights (safetensors or .bin, shards complete) and a tokenizer; ``what="tokenizer"``: tokenizer files."""
+    import json
+
+    p = Path(os.path.expanduser(str(path)))
+    label = f"{field}: " if field else ""
+    if not p.exists():
+        raise ModelFolderMissing(f"{label}model folder {str(path)!r} does not exist")
+    if not p.is_dir():
+        raise ModelFolderError(f"{label}{str(path)!r} is a file; expected a Hugging Face model folder "
+                               f"(config.json, weights, tokenizer)")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES) and not any(p.glob("*.tiktoken")):
+        raise ModelFolderError(f"{label}{p}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); it has: "
+                               f"{_listing(p)}. Save the tokenizer into the folder (tokenizer.save_pretrained)")
+    if what == "tokenizer":
+        return p
+    cfg_file = p / "config.json"
+    if not cfg_file.is_file():
+        raise ModelFolderError(f"{label}{p}: not a Hugging Face model folder (no config.json); it has: {_listing(p)}")
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelFolderError(f"{label}{cfg_file}: not valid JSON ({e})") from None
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    mt = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if mt not in CONFIG_MAPPING_NAMES:
+        import transformers
+
+        raise ModelFolderError(
+            f"{label}{cfg_file}: model_type {mt!r} is not an architecture transformers {transformers.__version__} "
+            f"knows (e.g. 'llama', 'qwen2', 'mistral', 'gpt_neox'); custom-code models are not loaded")
+    if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ModelFolderError(f"{label}{cfg_file}: model_type {mt!r} has no causal-LM class (AutoModelForCausalLM); "
+                               f"webrl needs a decoder language model")
+    shards: list[Path] = []
+    index = next((p / f for f in ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+                  if (p / f).is_file()), None)
+    if index is not None:
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ModelFolderError(f"{label}{index}: not a valid shard index ({e})") from None
+        missing = [n for n in names if not (p / n).is_file()]
+        if missing:
+            raise ModelFolderError(f"{label}{p}: {len(missing)} of {len(names)} weight shard(s) named by {index.name} "
+                                   f"are missing, e.g. {missing[:3]}")
+        shards = [p / n for n in names]
+    elif (p / "model.safetensors").is_file():
+        shards = [p / "model.safetensors"]
+    elif not (p / "pytorch_model.bin").is_file():
+        raise ModelFolderError(f"{label}{p}: no weights (none of {', '.join(WEIGHT_FILES)}); it has: {_listing(p)}")
+    for f in shards:
+        if f.suffix == ".safetensors":
+            _check_safetensors(f, label)
     return p
+
+
+def _check_folder(path: str | os.PathLike, what: str) -> Path:
+    return check_model_folder(path, what)
+
+
+def _loading(p: Path, what: str, e: Exception) -> ModelFolderError:
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    return ModelFolderError(f"{p}: cannot load the {what}: {type(e).__name__}: {first}")
 
 
 def load_tokenizer(path: str | os.PathLike):
     """The folder's tokenizer; pad falls back to EOS (left padding is set by the callers that batch)."""
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(_check_folder(path, "tokenizer")))
+    p = _check_folder(path, "tokenizer")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(p))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise _loading(p, "tokenizer", e) from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -80,7 +186,12 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
     from transformers import AutoModelForCausalLM
 
     p = _check_folder(path, "model")
-    model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype(cfg.dtype))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype(cfg.dtype))
+    except Exception as e:  # a broken folder surfaces as OSError, ValueError, SafetensorError, ...: name it
+        if isinstance(e, (MemoryError, KeyboardInterrupt)) or type(e).__name__ == "OutOfMemoryError":
+            raise
+        raise _loading(p, "model", e) from e
     model.to(resolve_device(cfg.device))
     if not trainable:
         model.eval().requires_grad_(False)

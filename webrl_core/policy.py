@@ -152,8 +152,12 @@ class OpenAIPolicy:
                         raise httpx.HTTPStatusError(f"HTTP {r.status_code}: {r.text[:200]}", request=r.request,
                                                     response=r)
                     r.raise_for_status()
-                    choice = r.json()["choices"][0]
-                    return choice["message"]["content"] if self.style == "chat" else choice["text"]
+                    try:
+                        choice = r.json()["choices"][0]
+                        return choice["message"]["content"] if self.style == "chat" else choice["text"]
+                    except (ValueError, KeyError, IndexError, TypeError) as e:  # not retried: it will not improve
+                        raise RuntimeError(f"{self.base_url}{path} (model {self.model_name!r}) answered "
+                                           f"{r.text[:200]!r}, not a completion ({type(e).__name__}: {e})") from None
                 except (httpx.TransportError, httpx.HTTPStatusError) as e:
                     last_err = e
                     status = getattr(getattr(e, "response", None), "status_code", 500)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from webrl_core import identity
+from webrl_core import identity, validate
 from webrl_core.artifacts import ArtifactRef, read_json, write_json
 from webrl_core.config import WebRLSettings
 from webrl_core.store import TrajectoryStore
@@ -210,8 +210,12 @@ def test_task_set(settings: WebRLSettings, run_dir: str) -> ArtifactRef:
     else:
         from webrl_core.env.webarena import load_webarena_tasks
 
-        tasks = load_webarena_tasks(settings.eval.test_set, settings.sites.urls or None)
+        if settings.sites.mode == "embedded":  # placeholders stay: the embedded sites fill them per episode
+            tasks = load_webarena_tasks(settings.eval.test_set, {}, missing="keep")
+        else:
+            tasks = load_webarena_tasks(settings.eval.test_set, settings.sites.urls, missing="error")
     tasks = stratified(tasks, settings.eval.max_tasks)
+    validate.check_test_set(tasks, f"eval.test_set {settings.eval.test_set}")
     TrajectoryStore(run_dir).write_tasks([to_task_row(t, 0, "test", family=t.get("family")) for t in tasks])
     return write_json(tasks, Path(run_dir) / "tasks" / "test.json")
 

@@ -253,6 +253,8 @@ class TrajectoryStore:
         try:
             rows = con.execute(f"""SELECT episode_id, note FROM {self._source('scores')} WHERE kind = '_digest'
                                    QUALIFY row_number() OVER (PARTITION BY episode_id ORDER BY _batch DESC) = 1""").fetchall()
+        except duckdb.Error as e:
+            raise damaged_files_error(self.root, e) or e
         finally:
             con.close()
         return {e: n for e, n in rows}
@@ -308,10 +310,16 @@ class TrajectoryStore:
         }
 
     def connect(self) -> duckdb.DuckDBPyConnection:
-        """An in-memory DuckDB connection with the views (re)defined over the current files."""
+        """An in-memory DuckDB connection with the views (re)defined over the current files. A damaged Parquet
+        file (cut short by a crash, a full disk or an interrupted copy) fails with a ``StoreError`` naming every
+        damaged file and how to set it aside; nothing is changed or skipped silently."""
         con = duckdb.connect()
-        for name, q in self.view_sql().items():
-            con.execute(f"CREATE OR REPLACE VIEW {name} AS {q}")
+        try:
+            for name, q in self.view_sql().items():
+                con.execute(f"CREATE OR REPLACE VIEW {name} AS {q}")
+        except duckdb.Error as e:
+            con.close()
+            raise damaged_files_error(self.root, e) or e
         return con
 
     def refresh_duckdb_file(self) -> Path:
@@ -322,7 +330,7 @@ class TrajectoryStore:
             for name, q in self.view_sql().items():
                 con.execute(f"CREATE OR REPLACE VIEW {name} AS {q}")
             con.close()
-        except duckdb.IOException:  # another process holds it; the parquet files are the truth
+        except duckdb.Error:  # another process holds it (or a file is damaged): the parquet files are the truth
             pass
         return path
 
@@ -332,6 +340,8 @@ class TrajectoryStore:
             rel = con.execute(query, params) if params is not None else con.execute(query)
             cols = [d[0] for d in rel.description] if rel.description else []
             return [dict(zip(cols, row)) for row in rel.fetchall()]
+        except duckdb.Error as e:  # a file whose footer is fine but whose data is not fails only here
+            raise damaged_files_error(self.root, e, full=True) or e
         finally:
             con.close()
 
@@ -431,6 +441,39 @@ class TrajectoryStore:
                    sum(CASE WHEN status = 'error' THEN 1 ELSE 0 END) AS errors
                    FROM episodes GROUP BY ALL ORDER BY phase, purpose, policy_digest""")
         return out
+
+
+def damaged_files(root: str | Path, full: bool = False) -> list[tuple[Path, str]]:
+    """(file, reason) for every Parquet file of the store that cannot be read: its footer (cheap), and with
+    ``full`` every row too (only when a query failed and no footer is damaged)."""
+    bad = []
+    for f in sorted(Path(root).glob("*/phase=*/*.parquet")):
+        try:
+            pq.read_table(f) if full else pq.read_metadata(f)
+        except Exception as e:  # ArrowInvalid, OSError, ...: the file is what is wrong
+            bad.append((f, (str(e).strip().splitlines() or [type(e).__name__])[0][:200]))
+    return bad
+
+
+def damaged_files_error(root: str | Path, err: Exception, full: bool = False) -> StoreError | None:
+    """A ``StoreError`` naming the damaged files behind a DuckDB error, or None when every file reads fine (then
+    the error is something else and is raised as it is)."""
+    root = Path(root).resolve()
+    bad = damaged_files(root)
+    if not bad and full:
+        bad = damaged_files(root, full=True)
+    if not bad:
+        return None
+    batches = sorted({f.stem.split("-u")[0] for f, _ in bad})
+    lines = [f"  {f}: {why}" for f, why in bad[:10]] + ([f"  ... and {len(bad) - 10} more"] if len(bad) > 10 else [])
+    moves = [f"  cd {root} && for f in */phase=*/{b}*.parquet; do mkdir -p quarantine/$(dirname $f) && "
+             f"mv $f quarantine/$f; done" for b in batches[:5]]
+    return StoreError(
+        f"store {root}: {len(bad)} damaged Parquet file(s) (cut short by a crash, a full disk or an interrupted copy?):\n"
+        + "\n".join(lines) + "\nNothing was read, changed or skipped. Each file belongs to one write batch "
+        f"({', '.join(batches[:5])}{', ...' if len(batches) > 5 else ''}); to go on without it, move the batch's "
+        f"files aside (kept under {root / 'quarantine'}, which readers ignore); its episodes are then rolled out "
+        f"again by the next run:\n" + "\n".join(moves) + f"\n(DuckDB said: {(str(err).strip().splitlines() or [''])[0][:200]})")
 
 
 def _duck(t: pa.DataType) -> str:

@@ -137,9 +137,14 @@ def import_vab_traces(traces_dir: str | Path, phase: int = 0, policy_id: str = "
     traces_dir = Path(traces_dir)
     if not traces_dir.is_dir():
         raise FileNotFoundError(f"VAB traces folder not found: {traces_dir}")
+    if (traces_dir / "traces").is_dir():  # given the VAB result dir itself
+        traces_dir = traces_dir / "traces"
+    files = sorted(traces_dir.glob("*.jsonl"))
+    if not files:
+        raise FileNotFoundError(f"{traces_dir}: no traces/*.jsonl (expected a VAB result dir or its traces/ folder)")
     actions_dir = traces_dir.parent / "actions"
     out = []
-    for f in sorted(traces_dir.glob("*.jsonl")):
+    for f in files:
         lines = []
         for n, line in enumerate(f.read_text().splitlines(), 1):
             if not line.strip():

@@ -444,7 +444,8 @@ async def check_reference_answers(reference_answers: dict, pred: str, intent: st
                 s, extra = await _fuzzy(value, pred_c, intent, judge)
                 row("fuzzy_match", value, s, **extra)
         else:
-            raise ValueError(f"unknown reference_answers key {approach!r}")
+            raise ValueError(f"eval.reference_answers: unknown key {approach!r}; allowed: exact_match, must_include, "
+                             f"must_exclude, fuzzy_match, required_values, one_of")
         score *= s
     return score, details
 
@@ -528,7 +529,8 @@ async def evaluate_program_html(task: dict, page, helpers: dict | None = None, j
         if url.startswith("func:"):
             url = str(await call_helper(url, helpers, page=page, last_url=final_url))
         if _PLACEHOLDER.search(url):
-            raise ValueError(f"program_html[{idx}].url {url!r} still holds a placeholder; substitute site URLs first")
+            raise ValueError(f"task {task.get('task_id')!r}: eval.program_html[{idx}].url {url!r} still holds a site "
+                             f"placeholder; substitute site URLs first (no URL configured for that site?)")
         nav_error = None
         if url != "last":
             try:
@@ -588,7 +590,8 @@ async def evaluate_task(task: dict, page, answer: str | None, helpers: dict | No
                 raise ValueError(f"task {task.get('task_id')!r}: program_html needs the final page")
             s, d = await evaluate_program_html(task, page, helpers, judge, final_url)
         else:
-            raise ValueError(f"task {task.get('task_id')!r}: unknown eval_type {etype!r}")
+            raise ValueError(f"task {task.get('task_id')!r}: field 'eval.eval_types': unknown eval type {etype!r}; "
+                             f"allowed: ['string_match', 'url_match', 'program_html']")
         details += d
         details.append({"evaluator": etype, "check": "total", "score": float(s)})
         score *= s

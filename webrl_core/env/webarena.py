@@ -21,7 +21,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from webrl_core.env.evaluators import URL_RULES, parse_helper_call
 
@@ -222,11 +222,19 @@ def read_task_file(path: str | Path) -> list[dict]:
     """Read and validate a task file: a JSON list of tasks, or one task object (an exported <idx>.json)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise TaskFileError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise TaskFileError(f"{path}: is a folder; expected a JSON task file (a list of tasks or one task)") from None
+    except OSError as e:
+        raise TaskFileError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise TaskFileError(f"{path}: not UTF-8 text (byte {e.start}); expected a JSON task file") from None
     except json.JSONDecodeError as e:
         raise TaskFileError(f"{path}: not valid JSON: {e}") from None
+    if data == []:
+        raise TaskFileError(f"{path}: the task list is empty (no tasks to run); expected a JSON list of task objects")
     return validate_tasks([data] if isinstance(data, dict) else data, str(path))
 
 
@@ -254,9 +262,69 @@ def start_urls(task: dict) -> list[str]:
     return [u.strip() for u in task["start_url"].split(AND_SEP)]
 
 
-def load_webarena_tasks(raw_path: str | Path, urls: dict[str, str] | None = None) -> list[dict]:
-    """Validated tasks with placeholders replaced by ``resolve_site_urls(urls)``."""
-    return substitute_placeholders(read_task_file(raw_path), resolve_site_urls(urls))
+def placeholder_sites(obj: Any) -> set[str]:
+    """Sites whose placeholder (``__GITLAB__`` ...) occurs in any string of ``obj``."""
+    if isinstance(obj, str):
+        return {PLACEHOLDERS[m] for m in _PLACEHOLDER_RE.findall(obj)}
+    if isinstance(obj, list):
+        return set().union(*(placeholder_sites(x) for x in obj)) if obj else set()
+    if isinstance(obj, dict):
+        return set().union(*(placeholder_sites(v) for v in obj.values())) if obj else set()
+    return set()
+
+
+def needed_sites(task: dict) -> set[str]:
+    return placeholder_sites(task) | {s for s in task.get("sites") or [] if s in PLACEHOLDERS.values()}
+
+
+def unserved_sites(tasks: list[dict], served: Iterable[str], source: str = "<tasks>") -> list[str]:
+    """One line per task that needs a site (by its placeholders or its ``sites`` list) outside ``served``."""
+    served = set(served)
+    lines = []
+    for i, t in enumerate(tasks):
+        missing = sorted(needed_sites(t) - served)
+        if missing:
+            phs = ", ".join(SITE_PLACEHOLDER[s] for s in missing)
+            lines.append(f"{source}: task #{i} (task_id={t.get('task_id')!r}) needs site(s) {missing} ({phs})")
+    return lines
+
+
+def load_webarena_tasks(raw_path: str | Path, urls: dict[str, str] | None = None, missing: str = "default"
+                        ) -> list[dict]:
+    """Validated tasks with placeholders replaced by site URLs.
+
+    ``missing`` says what happens to a placeholder whose site is not in ``urls``: ``default`` WebArena's default
+    port on localhost (``resolve_site_urls``; what ``tasks export-webarena`` does), ``keep`` leave it for the
+    environment's site hooks to substitute (the embedded sites), ``error`` a :class:`TaskFileError` naming the
+    task, the placeholder and how to give the URL."""
+    tasks = read_task_file(raw_path)
+    if missing == "default":
+        return substitute_placeholders(tasks, resolve_site_urls(urls))
+    if missing not in ("keep", "error"):
+        raise ValueError(f"missing={missing!r}; allowed: 'default', 'keep', 'error'")
+    given = {s: u.rstrip("/") for s, u in (urls or {}).items()}
+    resolve_site_urls(given)  # unknown site names fail here
+    if missing == "error":
+        lines = unserved_sites(tasks, given, str(raw_path))
+        if lines:
+            more = f"\n... and {len(lines) - 10} more" if len(lines) > 10 else ""
+            need = sorted(set().union(*(needed_sites(t) for t in tasks)) - set(given))
+            raise TaskFileError(
+                f"{len(lines)} task(s) of {raw_path} need a site URL that is not configured:\n" + "\n".join(lines[:10])
+                + more + "\nset " + ", ".join(f"{s.upper()}=<url>" for s in need)
+                + " (or sites.urls." + need[0] + " in the config)")
+    return [_substitute_given(t, given) for t in tasks]
+
+
+def _substitute_given(obj: Any, urls: dict[str, str]) -> Any:
+    """``substitute_placeholders`` for the sites in ``urls`` only; other placeholders stay."""
+    if isinstance(obj, str):
+        return _PLACEHOLDER_RE.sub(lambda m: urls.get(PLACEHOLDERS[m.group(0)], m.group(0)), obj)
+    if isinstance(obj, list):
+        return [_substitute_given(x, urls) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _substitute_given(v, urls) for k, v in obj.items()}
+    return obj
 
 
 def export_webarena(raw_path: str | Path, out_dir: str | Path, urls: dict[str, str] | None = None) -> Path:

@@ -10,26 +10,34 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from tasks import stages as T
-from webrl_core import report, stages, tracking, validate
+from webrl_core import report, runlock, stages, tracking, validate
 from webrl_core.config import WebRLSettings, load_config
 
 
-def _settings(config: str, overrides: list[str] | None, run_dir: str | None, flow: str, phase: int | None = None,
-              model: str | None = None) -> tuple[WebRLSettings, str]:
-    """Resolve the config, check every input before any work (``validate.preflight``: run dir, test set, store,
-    endpoint, checkpoints), then record the config in the run dir (an earlier, different one is kept)."""
+@contextlib.contextmanager
+def _run(config: str, overrides: list[str] | None, run_dir: str | None, flow: str, run_name: str,
+         phase: int | None = None, model: str | None = None) -> Iterator[tuple[WebRLSettings, str, str]]:
+    """The plumbing around a flow body: resolve the config; check every input before any work
+    (``validate.preflight``: run dir, test set, store, endpoint, checkpoints); hold the run dir's lock (a second
+    flow on the same run dir is refused, never run twice; ``runlock``); record the config (an earlier, different
+    one is kept); open the MLflow run. Yields (settings, run dir, run id)."""
     s = load_config(config, sets=overrides or [])
     rd = str(Path(run_dir or s.run_dir()).resolve())
     for warning in validate.preflight(s, rd, model=model, phase=phase, flow=flow):
         get_run_logger().warning(warning)
-    validate.record_config(rd, s)
-    return s, rd
+    with runlock.hold(rd, flow=f"webrl-{flow}", phase=phase):
+        validate.record_config(rd, s)
+        with tracking.start_run(rd, run_name, config=s.model_dump(mode="json"), experiment=s.tracking.experiment,
+                                configured_uri=s.tracking.mlflow_uri):
+            yield s, rd, stages.run_identity(rd)
 
 
 def _rollout(s, rd, rid, phase, purpose, tasks_ref, actor_ref, temperature, n_shards):
@@ -41,12 +49,9 @@ def _rollout(s, rd, rid, phase, purpose, tasks_ref, actor_ref, temperature, n_sh
 @flow(name="webrl-bootstrap", log_prints=True)
 def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides: list[str] | None = None) -> dict:
     """Phase 0 for the embedded default (or existing SFT/ORM checkpoints for real models)."""
-    s, rd = _settings(config, overrides, run_dir, "bootstrap")
-    rid = stages.run_identity(rd)
     log = get_run_logger()
-    b = s.bootstrap
-    with tracking.start_run(rd, "webrl-bootstrap", config=s.model_dump(mode="json"), experiment=s.tracking.experiment,
-                            configured_uri=s.tracking.mlflow_uri):
+    with _run(config, overrides, run_dir, "bootstrap", "webrl-bootstrap") as (s, rd, rid):
+        b = s.bootstrap
         metrics: dict = {}
         test_ref = T.test_set(T.cfg_for(s, "test"), rd, rid)
         if b.sft_actor:
@@ -86,16 +91,13 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
 def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None,
                 overrides: list[str] | None = None) -> dict:
     """One WebRL phase k >= 1; reads actor/critic of phase k-1 and its failed tasks from the run dir."""
-    s, rd = _settings(config, overrides, run_dir, "phase", phase=phase)
-    rid = stages.run_identity(rd)
     log = get_run_logger()
-    prev_actor = stages.model_ref(rd, phase - 1, "actor")
-    prev_critic = stages.model_ref(rd, phase - 1, "critic")
-    sft_actor = stages.model_ref(rd, 0, "actor")
-    orm_ref = stages.ArtifactRef.of(s.models.orm, "model") if s.models.orm else stages.model_ref(rd, 0, "orm")
-    seed_purpose = "bootstrap" if phase == 1 else "rollout"
-    with tracking.start_run(rd, f"webrl-phase-{phase}", config=s.model_dump(mode="json"),
-                            experiment=s.tracking.experiment, configured_uri=s.tracking.mlflow_uri):
+    with _run(config, overrides, run_dir, "phase", f"webrl-phase-{phase}", phase=phase) as (s, rd, rid):
+        prev_actor = stages.model_ref(rd, phase - 1, "actor")
+        prev_critic = stages.model_ref(rd, phase - 1, "critic")
+        sft_actor = stages.model_ref(rd, 0, "actor")
+        orm_ref = stages.ArtifactRef.of(s.models.orm, "model") if s.models.orm else stages.model_ref(rd, 0, "orm")
+        seed_purpose = "bootstrap" if phase == 1 else "rollout"
         m: dict = {}
         test_ref = T.test_set(T.cfg_for(s, "test"), rd, rid)
         cands, gen_m = T.generate_tasks(T.cfg_for(s, "generate"), rd, rid, phase, seed_purpose,
@@ -139,11 +141,9 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
 def webrl_train(config: str = "demo", phases: int | None = None, run_dir: str | None = None,
                 overrides: list[str] | None = None) -> dict:
     """Bootstrap (when needed) then N phases, each a sub-flow, nested under one MLflow run."""
-    s, rd = _settings(config, overrides, run_dir, "train")
-    n = s.run.phases if phases is None else phases
     out = {}
-    with tracking.start_run(rd, "webrl-train", config=s.model_dump(mode="json"), experiment=s.tracking.experiment,
-                            configured_uri=s.tracking.mlflow_uri):
+    with _run(config, overrides, run_dir, "train", "webrl-train") as (s, rd, rid):
+        n = s.run.phases if phases is None else phases
         out[0] = webrl_bootstrap(config, rd, overrides)
         for k in range(1, n + 1):
             out[k] = webrl_phase(config, k, rd, overrides)
@@ -157,14 +157,11 @@ def webrl_eval(config: str = "demo", model: str = "", run_dir: str | None = None
                overrides: list[str] | None = None, tag: int = 100) -> dict:
     """Evaluate a checkpoint (HF folder) on the test set; its episodes are stored as phase `tag` with purpose
     eval and keyed by the checkpoint's digest, the result in ``eval/model=<digest[:12]>.json``."""
-    s, rd = _settings(config, overrides, run_dir, "eval", model=model)
-    rid = stages.run_identity(rd)
-    if not model and s.policy.backend == "hf":
-        raise ValueError("webrl eval: --model names the HF checkpoint folder to evaluate (policy.backend=hf)")
-    actor = stages.ArtifactRef.of(model, "model") if model else None
-    name = f"model={actor.sha256[:12]}" if actor else f"model={s.policy.backend}"
-    with tracking.start_run(rd, "webrl-eval", config=s.model_dump(mode="json"), experiment=s.tracking.experiment,
-                            configured_uri=s.tracking.mlflow_uri):
+    with _run(config, overrides, run_dir, "eval", "webrl-eval", model=model) as (s, rd, rid):
+        if not model and s.policy.backend == "hf":
+            raise ValueError("webrl eval: --model names the HF checkpoint folder to evaluate (policy.backend=hf)")
+        actor = stages.ArtifactRef.of(model, "model") if model else None
+        name = f"model={actor.sha256[:12]}" if actor else f"model={s.policy.backend}"
         test_ref = T.test_set(T.cfg_for(s, "test"), rd, rid)
         eval_ref, em = T.evaluate(T.cfg_for(s, "eval"), rd, rid, tag, actor, test_ref, name)
         tracking.log_metrics({**em, "policy_digest": stages.read_json(eval_ref)["policy_digest"]})

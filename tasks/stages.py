@@ -37,18 +37,18 @@ CACHED = dict(cache_policy=INPUTS + TASK_SOURCE + LIBRARY_SOURCE, persist_result
 SECTIONS = {
     "pool": ("run",),
     "test": ("run", "eval", "sites"),
-    "rollout": ("run", "sites", "env", "policy", "models", "prompt"),
+    "rollout": ("run", "sites", "env", "policy", "models", "prompt", "rollout"),
     "tokenizer": ("run", "models", "orm"),
-    "sft": ("run", "models", "actor"),
-    "orm_train": ("run", "models", "orm"),
+    "sft": ("run", "models", "actor", "training"),
+    "orm_train": ("run", "models", "orm", "training"),
     "critic_init": ("run", "models", "critic"),
     "generate": ("run", "curriculum", "policy"),
     "filter": ("run", "sites", "env", "models", "critic", "curriculum", "orm"),
     "orm_label": ("models", "orm"),
     "samples": ("actor",),
     "replay": ("run", "models", "replay", "actor", "policy"),
-    "train": ("run", "models", "actor", "critic"),
-    "eval": ("run", "sites", "env", "policy", "models", "prompt", "eval"),
+    "train": ("run", "models", "actor", "critic", "training"),
+    "eval": ("run", "sites", "env", "policy", "models", "prompt", "eval", "rollout"),
 }
 
 

@@ -24,7 +24,9 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from webrl_core.ray_rollout import RolloutConfig
 
 SITE_NAMES = ("shopping", "shopping_admin", "reddit", "gitlab", "map", "wikipedia", "homepage")
 
@@ -267,6 +269,32 @@ class TrackingConfig(Section):
     experiment: str = Field("webrl", description="MLflow experiment name")
 
 
+class TrainingConfig(Section):
+    """How the training stages run: in the flow's process, or as `accelerate launch` jobs (webrl_core.launch)."""
+
+    launcher: Literal["inprocess", "accelerate"] = Field(
+        "inprocess", description="inprocess: train in the flow's process; accelerate: run each training stage "
+        "(critic, actor, SFT, ORM) as an `accelerate launch` job of num_processes ranks")
+    accelerate_config: str = Field(
+        "ddp", description="accelerate config: a name in infra/accelerate/ (ddp, fsdp, deepspeed_zero3) or a path "
+        "to an accelerate config YAML")
+    num_processes: int = Field(2, ge=1, description="ranks of an accelerate job (GPUs; processes on CPU)")
+    python: str | None = Field(
+        None, description="interpreter that runs `accelerate launch` and the ranks (needs webrl, accelerate); "
+        "empty: the flow's own (sys.executable)")
+    extra_args: list[str] = Field(
+        default_factory=list, description="more `accelerate launch` arguments, e.g. [--num_machines, '2', "
+        "--machine_rank, '0', --main_process_ip, 10.0.0.1]; a free --main_process_port is picked unless given")
+
+    @model_validator(mode="after")
+    def _config_exists(self) -> TrainingConfig:
+        if self.launcher == "accelerate":
+            from webrl_core.launch import accelerate_config_path  # launch imports this module
+
+            accelerate_config_path(self.accelerate_config)
+        return self
+
+
 class WebRLSettings(Section):
     """The whole resolved config."""
 
@@ -284,6 +312,10 @@ class WebRLSettings(Section):
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="phase 0: demos, SFT, ORM data")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="test-set evaluation")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking")
+    training: TrainingConfig = Field(default_factory=TrainingConfig, description="where training stages run "
+                                     "(in-process or accelerate launch: DDP, FSDP, DeepSpeed ZeRO-3)")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="where rollouts run (local or a "
+                                   "Ray cluster)")
 
     def run_dir(self) -> Path:
         return Path(self.run.root) / self.run.name

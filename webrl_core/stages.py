@@ -239,7 +239,12 @@ def rollout(settings: WebRLSettings, run_dir: str, phase: int, purpose: str, tas
     done = {e["episode_id"] for e in store.sql(
         "SELECT episode_id FROM episodes WHERE episode_id IN (SELECT unnest($ids)) AND status <> 'error'", {"ids": ids})}
     todo = [(t, a) for t, a, i in zip(tasks, default_attempts(tasks), ids) if i not in done]
-    if todo:
+    if todo and settings.rollout.engine == "ray":  # shards on a Ray cluster; the driver writes the store
+        from webrl_core.ray_rollout import run_on_ray
+
+        run_on_ray(settings, settings.rollout, run_dir, phase, purpose, [t for t, _ in todo], [a for _, a in todo],
+                   actor_ref, temperature, ident)
+    elif todo:
         policy = make_policy(settings, actor_ref, temperature, purpose)
         with site_session(settings) as hooks:
             run_rollout([t for t, _ in todo], policy, settings.env.n_envs, cfg=settings.env, hooks=hooks, store=store,
@@ -325,8 +330,8 @@ def build_tokenizer(settings: WebRLSettings, run_dir: str, demos: dict) -> Artif
 
 def sft_actor(settings: WebRLSettings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
     """Create the embedded model and fine-tune it on successful oracle demonstrations (completion-only loss)."""
+    from webrl_core.launch import sft_train
     from webrl_core.models import build_embedded_model
-    from webrl_core.training import sft_train
 
     store = TrajectoryStore(run_dir)
     eps, by_ep = _episodes_with_steps(store, demos["episode_ids"])
@@ -345,7 +350,8 @@ def sft_actor(settings: WebRLSettings, run_dir: str, tokenizer_ref: ArtifactRef,
 def train_orm_stage(settings: WebRLSettings, run_dir: str, rollouts: list[dict], base_ref: ArtifactRef
                     ) -> tuple[ArtifactRef, dict]:
     """ORM = SFT of the actor's backbone on (ORM prompt, YES/NO) labelled by the sites' evaluators."""
-    from webrl_core.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples, train_orm
+    from webrl_core.launch import train_orm
+    from webrl_core.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
 
     store = TrajectoryStore(run_dir)
     ids = sorted({i for r in rollouts for i in r["episode_ids"]})
@@ -356,7 +362,8 @@ def train_orm_stage(settings: WebRLSettings, run_dir: str, rollouts: list[dict],
     train, held = split_examples(examples, settings.orm.eval_fraction, seed=settings.run.seed)
     out = Path(run_dir) / "models" / "phase=0" / "orm"
     real = versioned(out, output_key(settings, base_ref, json.dumps(ids)))
-    train_orm(train, base_ref.path, real, settings.orm, settings.models, seed=settings.run.seed)
+    train_orm(train, base_ref.path, real, settings.orm, settings.models, seed=settings.run.seed,
+              training=settings.training)
     publish(out, real)
     metrics = evaluate_orm(OrmScorer(real, settings.orm, settings.models), held) if held else {}
     metrics = {f"orm_heldout_{k}": v for k, v in _numeric(metrics).items()}
@@ -610,7 +617,7 @@ def _train_or_carry_over(out: Path, real: Path, samples: list[dict], prev_ref: A
 def train_critic_stage(settings: WebRLSettings, run_dir: str, phase: int, samples_ref: ArtifactRef,
                        replay_ref: ArtifactRef, backbone_ref: ArtifactRef, prev_critic_ref: ArtifactRef
                        ) -> tuple[ArtifactRef, dict]:
-    from webrl_core.training import train_critic
+    from webrl_core.launch import train_critic
 
     out = Path(run_dir) / "models" / f"phase={phase}" / "critic"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, backbone_ref, prev_critic_ref))
@@ -622,7 +629,7 @@ def train_critic_stage(settings: WebRLSettings, run_dir: str, phase: int, sample
 def train_actor_stage(settings: WebRLSettings, run_dir: str, phase: int, samples_ref: ArtifactRef,
                       replay_ref: ArtifactRef, actor_ref: ArtifactRef, critic_ref: ArtifactRef
                       ) -> tuple[ArtifactRef, dict]:
-    from webrl_core.training import train_actor
+    from webrl_core.launch import train_actor
 
     out = Path(run_dir) / "models" / f"phase={phase}" / "actor"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, actor_ref, critic_ref))

@@ -28,13 +28,12 @@ among observations and next observations (V(s_{t+1}) of step t is V(s) of step t
 reference log-probs come from the freshly loaded actor itself before its first update (it IS pi_ref), so no second
 model is ever in memory. The results are dataset columns (ref_logp, n_action, adv, mask, beta0).
 
-Scaling out: ``train_actor`` / ``train_critic`` / ``sft_train`` are written to run under ``accelerate launch``
-(DDP) unchanged, from a script that calls them on a phase's saved data, e.g.::
-
-    accelerate launch --num_processes 8 my_train_actor.py    # loads data/phase=k/*.jsonl, calls train_actor
-
-(not exercised here: no GPU was available; the flows call the trainers in-process on one device, and DeepSpeed
-ZeRO-3 saving would need weight gathering before ``save_model``).
+Scaling out: ``webrl_core.launch`` runs ``train_actor`` / ``train_critic`` / ``sft_train`` (and ``orm.train_orm``)
+as ``accelerate launch`` jobs (``training.launcher: accelerate``; configs in ``infra/accelerate/``: DDP, FSDP,
+DeepSpeed ZeRO-3 with CPU offload). Every rank reads the same data and builds the same model (same seed); the Trainer
+shards the batches; the model is saved once, by the main process, after gathering the full weights under FSDP /
+DeepSpeed ZeRO-3 (``_full_model``: a collective, every rank calls it). Each trainer returns ``loss_curve``, the
+Trainer's logged [step, loss] pairs (the loss of a logged step is averaged over the logging window and the ranks).
 
 The precompute is split across the processes and gathered (``accelerate.PartialState``); the trainers are
 ``transformers.Trainer`` subclasses, so data sharding, gradient sync and clipping come from Trainer/accelerate.
@@ -45,6 +44,7 @@ embedded model is larger (``ActorTrainConfig.lr``) because 1e-6 does not move a 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -307,6 +307,107 @@ def _check_samples(samples: list[dict]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# saving under accelerate launch (one process saves; sharded weights are gathered first)
+
+def _is_main_process() -> bool:
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+def _sharded(distributed_type) -> bool:
+    from accelerate.utils import DistributedType
+
+    return distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED)
+
+
+def _load_full_state(model, state_dict: dict) -> None:
+    """Load a gathered full state dict; keys missing from it must be tied to keys it has (e.g. lm_head)."""
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    owners: dict[int, set[str]] = {}
+    tensors = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers(remove_duplicate=False))
+    for name, t in tensors:
+        owners.setdefault(id(t), set()).add(name)
+    by_name = {n: names for names in owners.values() for n in names}
+    untied = [k for k in missing if not (by_name.get(k, set()) - {k}) & set(state_dict)]
+    if untied or unexpected:
+        raise RuntimeError(f"gathered state dict does not match the model: missing {untied[:8]}, "
+                           f"unexpected {list(unexpected)[:8]}")
+
+
+@contextmanager
+def _whole_models():
+    """Load models whole even when a DeepSpeed ZeRO-3 config is active (TrainingArguments registers it globally, and
+    ``from_pretrained`` would then build ZeRO-3-partitioned models): the precompute runs the critic and the actor
+    outside the DeepSpeed engine, which partitions the actor at ``prepare``. A no-op without DeepSpeed.
+    (Untested: no GPU and no deepspeed where this was written.)"""
+    from transformers.integrations import deepspeed as hf_ds
+
+    ref = getattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
+    if ref is None or ref() is None or not ref().is_zero3():
+        yield
+        return
+    hf_ds._hf_deepspeed_config_weak_ref = None
+    try:
+        yield
+    finally:
+        hf_ds._hf_deepspeed_config_weak_ref = ref
+
+
+def _full_model(trainer: Trainer, rebuild):
+    """The trained model with its full weights on the main process, None on the others. Without sharding that
+    is ``trainer.model``; under FSDP / DeepSpeed ZeRO-3 the full state dict is gathered (a collective: every rank
+    must call this) and loaded into ``rebuild()``, a fresh CPU copy built like the trained one."""
+    acc = trainer.accelerator
+    if not _sharded(acc.distributed_type):
+        return trainer.model if trainer.is_world_process_zero() else None
+    state_dict = acc.get_state_dict(trainer.model_wrapped)
+    if not acc.is_main_process:
+        return None
+    with _whole_models():
+        model = rebuild()
+    _load_full_state(model, state_dict)
+    return model
+
+
+def distributed_save_model(save, base_model_dir: str | Path, models_cfg):
+    """Wrap ``models.save_model`` for code that calls it from every process after training (``orm.train_orm``):
+    the main process saves, after the full weights are gathered under FSDP (into a CPU model rebuilt from
+    ``base_model_dir``); under DeepSpeed ZeRO-3 the partitioned parameters are gathered in place."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DistributedType
+
+    def saver(model, tokenizer, out_dir, *a, **kw):
+        state = AcceleratorState()
+        out = Path(out_dir)
+        if state.distributed_type == DistributedType.FSDP:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            if state.is_main_process:
+                full = load_causal_lm(base_model_dir, models_cfg.model_copy(update={"device": "cpu"}), trainable=True)
+                _load_full_state(full, sd)
+                out = save(full, tokenizer, out_dir, *a, **kw)
+        elif state.distributed_type == DistributedType.DEEPSPEED:  # untested here: no GPU, no deepspeed
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
+                if state.is_main_process:
+                    out = save(model, tokenizer, out_dir, *a, **kw)
+        elif state.is_main_process:
+            out = save(model, tokenizer, out_dir, *a, **kw)
+        state.wait_for_everyone()
+        return out
+
+    return saver
+
+
+def _loss_curve(trainer: Trainer) -> list[list[float]]:
+    """[step, loss] of every logged training step (mean over the logging window and, under DDP, the ranks)."""
+    return [[h["step"], h["loss"]] for h in trainer.state.log_history if "loss" in h and "step" in h]
+
+
+# ---------------------------------------------------------------------------------------------
 # entry points
 
 def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path, settings,
@@ -320,8 +421,9 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     cfg = webrl_config(settings, out_dir, max_steps)
     t0 = time.perf_counter()
     if critic_dir is not None:
-        critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
-                             max_length=settings.models.max_length)
+        with _whole_models():
+            critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
+                                 max_length=settings.models.max_length)
         t0 = time.perf_counter()  # timings exclude loading
         v, nv = critic_values_for(samples, critic, settings, progress)
         del critic  # freed before the actor is loaded: never two models in memory
@@ -338,7 +440,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     tok = load_tokenizer(actor_dir)
     models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
     set_seed(settings.run.seed)  # LoRA adapter init draws from the global RNG
-    model = load_causal_lm(actor_dir, models_cfg, trainable=True)
+    with _whole_models():
+        model = load_causal_lm(actor_dir, models_cfg, trainable=True)
     keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
     rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
     t1 = time.perf_counter()
@@ -363,9 +466,10 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
              "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": float(ref_prob.mean()) if len(rows) else 0.0,
              "loss_mode": cfg.loss if cfg.kl else "sft"}
     if not rows:
-        save_model(model, tok, out_dir)
+        if _is_main_process():
+            save_model(model, tok, out_dir)
         return stats | {"train_s": 0.0, "train_loss": None, "steps": 0, "tokens": 0, "tokens_sq": 0,
-                        "epochs": cfg.num_train_epochs}
+                        "epochs": cfg.num_train_epochs, "loss_curve": []}
     from datasets import Dataset
 
     trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
@@ -373,11 +477,15 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     t2 = time.perf_counter()
     result = trainer.train()
     t_train = time.perf_counter() - t2
-    if trainer.is_world_process_zero():
-        save_model(trainer.model, tok, out_dir)
+    full = _full_model(trainer, lambda: load_causal_lm(actor_dir, models_cfg.model_copy(update={"device": "cpu"}),
+                                                       trainable=True))
+    if full is not None:
+        save_model(full, tok, out_dir)
+    trainer.accelerator.wait_for_everyone()
     lengths = [len(r["input_ids"]) for r in rows]
     return stats | {"train_s": round(t_train, 3), "train_loss": result.training_loss, "steps": result.global_step,
-                    "tokens": sum(lengths), "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs}
+                    "tokens": sum(lengths), "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs,
+                    "loss_curve": _loss_curve(trainer)}
 
 
 class CriticTrainer(Trainer):
@@ -389,7 +497,15 @@ class CriticTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         l1, l2 = model(inputs["input_ids"], inputs["attention_mask"])
-        loss = critic_loss(l1, l2, inputs["labels"], inputs["weight"])
+        n_samples = None  # one process: the micro-batch's own weight (critic_loss)
+        world = self.accelerator.num_processes
+        if world > 1:
+            # the weighted mean over the micro-batches of ALL ranks (x world: DDP averages the ranks' gradients), so
+            # N ranks of batch b take the step one process takes with batch N*b (a per-rank mean would weight them
+            # by rank instead of by sample)
+            total = self.accelerator.reduce(inputs["weight"].float().sum().detach(), reduction="sum")
+            n_samples = total / (2.0 * world)
+        loss = critic_loss(l1, l2, inputs["labels"], inputs["weight"], n_samples=n_samples)
         return (loss, (l1, l2)) if return_outputs else loss
 
     def _save(self, output_dir=None, state_dict=None):  # Trainer checkpoints: our folder format
@@ -428,6 +544,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     if settings.models.gradient_checkpointing:
         critic.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     critic.train()
+    critic._no_split_modules = getattr(critic.backbone, "_no_split_modules", None)  # FSDP wraps the decoder layers
     examples = critic_examples(samples)
     ids = critic.encode([e["prompt"] for e in examples])
     rows = [{"input_ids": x, "label": e["label"], "weight": e["weight"], "length": len(x)} for x, e in zip(ids, examples)]
@@ -440,11 +557,21 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     t0 = time.perf_counter()
     result = trainer.train()
     train_s = time.perf_counter() - t0
-    if trainer.is_world_process_zero():
-        critic.save(out_dir)
+
+    def rebuild():
+        if resume:
+            return Critic.load(resume, dtype=settings.models.dtype, device="cpu", max_length=settings.models.max_length)
+        return Critic.from_backbone(backbone_dir, c.head_init_std, settings.models.max_length, settings.models.dtype,
+                                    "cpu", seed=settings.run.seed)
+
+    full = _full_model(trainer, rebuild)
+    if full is not None:
+        full.save(out_dir)
+    trainer.accelerator.wait_for_everyone()
     labels = [e["label"] for e in examples]
     return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
-            "train_s": round(train_s, 3), "train_loss": result.training_loss, "steps": result.global_step}
+            "train_s": round(train_s, 3), "train_loss": result.training_loss, "steps": result.global_step,
+            "loss_curve": _loss_curve(trainer)}
 
 
 def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str | Path, settings,
@@ -462,8 +589,8 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     a = settings.actor
     tok = load_tokenizer(model_dir)
     set_seed(settings.run.seed)
-    model = load_causal_lm(model_dir, settings.models.model_copy(update={"device": _process_device(settings)}),
-                           trainable=True)
+    models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
+    model = load_causal_lm(model_dir, models_cfg, trainable=True)
     rows = []
     for i, pair in enumerate(pairs):
         if len(pair) != 2 or not all(isinstance(x, str) for x in pair):
@@ -480,10 +607,14 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     t0 = time.perf_counter()
     result = trainer.train()
     train_s = time.perf_counter() - t0
-    if trainer.is_world_process_zero():
-        save_model(trainer.model, tok, out_dir)
+    full = _full_model(trainer, lambda: load_causal_lm(model_dir, models_cfg.model_copy(update={"device": "cpu"}),
+                                                       trainable=True))
+    if full is not None:
+        save_model(full, tok, out_dir)
+    trainer.accelerator.wait_for_everyone()
     return {"n_pairs": len(pairs), "train_s": round(train_s, 3), "train_loss": result.training_loss,
-            "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * a.sft_epochs)}
+            "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * a.sft_epochs),
+            "loss_curve": _loss_curve(trainer)}
 
 
 __all__ = ["WebRLConfig", "WebRLTrainer", "CriticTrainer", "webrl_actor_loss", "action_logprobs",

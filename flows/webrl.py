@@ -31,6 +31,7 @@ def _run(config: str, overrides: list[str] | None, run_dir: str | None, flow: st
     one is kept); open the MLflow run. Yields (settings, run dir, run id)."""
     s = load_config(config, sets=overrides or [])
     rd = str(Path(run_dir or s.run_dir()).resolve())
+    runlock.check_free(rd, f"webrl-{flow}", phase)  # busy: say so, not what the running flow has yet to write
     for warning in validate.preflight(s, rd, model=model, phase=phase, flow=flow):
         get_run_logger().warning(warning)
     with runlock.hold(rd, flow=f"webrl-{flow}", phase=phase):

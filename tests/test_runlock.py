@@ -62,14 +62,28 @@ def test_a_second_process_is_refused_with_the_holder_named(tmp_path):
                               f"{socket.gethostname()}, flow webrl-phase, since "), msg
         assert "refusing to start it twice" in msg
         assert ei.value.holder["pid"] == p.pid and ei.value.holder["phase"] == 2
+        with pytest.raises(runlock.RunDirBusy) as ei2:  # the CLI's pre-check says the same, without taking it
+            runlock.check_free(rd, "webrl-phase", 2)
+        assert str(ei2.value) == msg
         # another flow on the same run dir is refused too, and says what holds it
         with pytest.raises(runlock.RunDirBusy, match=r"is busy: phase 2 is running there .*refusing to start "
                                                      r"the bootstrap \(phase 0\) on it"):
-            with runlock.hold(rd, "webrl-bootstrap", 0):
+            with runlock.hold(rd, "webrl-bootstrap"):
                 pytest.fail("the body must not run")
         # a different run dir is independent
         with runlock.hold(tmp_path / "runs" / "other", "webrl-phase", 2):
             pass
+    finally:
+        _kill9(p)
+
+
+def test_the_bootstrap_is_phase_0_however_it_is_named(tmp_path):
+    p = _holder(tmp_path, "webrl-bootstrap", None)
+    try:
+        with pytest.raises(runlock.RunDirBusy, match=r"^the bootstrap \(phase 0\) of .* is already running \(pid "
+                                                     rf"{p.pid} on host .*, flow webrl-bootstrap, since .*twice"):
+            runlock.check_free(tmp_path, "webrl-bootstrap", 0)
+        assert runlock.read_note(tmp_path)["phase"] == 0
     finally:
         _kill9(p)
 
@@ -82,7 +96,9 @@ def test_kill_9_of_the_holder_releases_the_lock(tmp_path):
         assert os.path.exists(f"/proc/{p.child}")  # its forked child still runs, with a copy of the descriptor
         assert not runlock.is_held(rd)
         assert runlock.read_note(rd)["pid"] == p.pid  # the stale note is left behind and does not matter
+        runlock.check_free(rd, "webrl-phase", 2)
         with runlock.hold(rd, "webrl-phase", 2) as note:  # the resume starts at once
+            runlock.check_free(rd, "webrl-phase", 2)  # held by this process: free for it
             assert note["pid"] == os.getpid() and note["flow"] == "webrl-phase" and note["phase"] == 2
     finally:
         os.kill(p.child, signal.SIGKILL)

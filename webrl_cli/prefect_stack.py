@@ -10,6 +10,7 @@ servers fork workers of their own (MLflow runs uvicorn as a child process).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -67,10 +68,46 @@ class PrefectStack:
         r = self._prefect("work-pool", "create", POOL, "--type", "process", check=False)
         if r.returncode != 0 and "already exists" not in (r.stdout + r.stderr):
             raise RuntimeError(f"work-pool create failed: {r.stdout}{r.stderr}")
+        active = self._active_schedules()
         r = self._prefect("--no-prompt", "deploy", "--all", "--prefect-file", str(REPO / "infra" / "prefect.yaml"),
                           check=False, timeout=300)
         if r.returncode != 0:
             raise RuntimeError(f"prefect deploy failed:\n{r.stdout}\n{r.stderr}")
+        self._reactivate(active)
+
+    # A re-deploy replaces each deployment's schedules with those of prefect.yaml, where the nightly schedule is
+    # paused: without this, every restart of `webrl serve prefect` would pause a schedule activated in the UI.
+    def _call(self, method: str, path: str, body: dict):
+        """One API call, retried as Prefect's client does: the SQLite server answers 503 while its database is
+        locked (a busy box)."""
+        import httpx
+
+        for attempt in range(6):
+            try:
+                r = httpx.request(method, self.api + path, json=body, timeout=30)
+                if r.status_code not in (429, 502, 503) or attempt == 5:
+                    r.raise_for_status()
+                    return r.json() if r.content else None
+            except httpx.TransportError:
+                if attempt == 5:
+                    raise
+            time.sleep(0.5 * 2 ** attempt)
+
+    def _deployments(self) -> list[dict]:
+        return self._call("POST", "/deployments/filter", {})
+
+    @staticmethod
+    def _schedule_key(deployment: dict, sched: dict) -> str:
+        return f"{deployment['id']}:{json.dumps(sched['schedule'], sort_keys=True)}"
+
+    def _active_schedules(self) -> set[str]:
+        return {self._schedule_key(d, s) for d in self._deployments() for s in d.get("schedules") or [] if s["active"]}
+
+    def _reactivate(self, keys: set[str]) -> None:
+        for d in self._deployments() if keys else []:
+            for s in d.get("schedules") or []:
+                if not s["active"] and self._schedule_key(d, s) in keys:
+                    self._call("PATCH", f"/deployments/{d['id']}/schedules/{s['id']}", {"active": True})
 
     def start_worker(self) -> None:
         exe = str(Path(sys.executable).parent / "prefect")
@@ -101,6 +138,18 @@ class PrefectStack:
         if self.server:
             stop_group(self.server, signal.SIGTERM, timeout=20)
         terminate(tree, timeout=10)
+
+
+def set_repo_directory() -> dict[str, str]:
+    """Pull step of the deployments (infra/prefect.yaml), run in the flow-run process on the worker's machine: the flow
+    run works in, and imports flows/ from, $WEBRL_REPO when the worker's environment sets it, else the checkout this
+    package is installed from (on a GPU box: its own clone)."""
+    repo = Path(os.environ.get("WEBRL_REPO") or REPO).resolve()
+    if not (repo / "flows" / "webrl.py").is_file():
+        raise FileNotFoundError(f"{repo} is not a webrl checkout (no flows/webrl.py): set WEBRL_REPO in the worker's "
+                                "environment to the checkout its flow runs should use")
+    os.chdir(repo)
+    return {"directory": str(repo)}
 
 
 # ---- process trees (Linux: read from /proc; elsewhere only the process groups are stopped) ----

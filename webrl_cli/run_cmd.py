@@ -37,9 +37,10 @@ def _load(config: str, set_: list[str], flow: str | None = None, run_dir: str | 
         typer.echo(str(e), err=True)
         raise typer.Exit(2)
     if flow is not None:
-        from webrl_core import validate
+        from webrl_core import runlock, validate
 
         rd = str(Path(run_dir or s.run_dir()).resolve())
+        runlock.check_free(rd, f"webrl-{flow}", phase)  # another flow runs there: say so
         for warning in validate.preflight(s, rd, model=model, phase=phase, flow=flow):
             typer.echo(f"warning: {warning}", err=True)
     prefect_env(s.run.root)

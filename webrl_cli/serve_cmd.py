@@ -98,7 +98,7 @@ def serve_prefect(port: int = typer.Option(4200, help="Prefect server port on 12
             _stop_on_signals()
             typer.echo("starting the Prefect server ...")
             stack.start_server()
-            typer.echo("deploying webrl-phase/default and webrl-train/demo to pool webrl-pool ...")
+            typer.echo("deploying webrl-phase/default, webrl-train/demo and webrl-eval/oracle to pool webrl-pool ...")
             stack.deploy()
             stack.start_worker()
             typer.echo(f"Prefect UI: http://127.0.0.1:{port}\n"

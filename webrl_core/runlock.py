@@ -29,6 +29,7 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,6 +70,10 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _phase(flow: str, phase: int | None) -> int | None:
+    return 0 if flow == "webrl-bootstrap" else phase  # the bootstrap is phase 0, whether or not the caller says so
 
 
 def _what(flow: str, phase: int | None) -> str:
@@ -124,6 +129,7 @@ def is_held(run_dir: str | Path) -> bool:
 
 
 def _busy(rd: str, flow: str, phase: int | None, note: dict) -> RunDirBusy:
+    phase = _phase(flow, phase)
     if not note:
         who = "another process (its note is not written yet)"
     else:
@@ -137,7 +143,7 @@ def _busy(rd: str, flow: str, phase: int | None, note: dict) -> RunDirBusy:
         who += f", since {note.get('since', '?')}"
     held_what = _what(note.get("flow", ""), note.get("phase")) if note else None
     mine = _what(flow, phase)
-    same = bool(note) and (note.get("flow"), note.get("phase")) == (flow, phase)
+    same = bool(note) and (note.get("flow"), _phase(note.get("flow", ""), note.get("phase"))) == (flow, phase)
     if same:
         msg = f"{mine} of {rd} is already running ({who}); refusing to start it twice"
     elif note:
@@ -149,10 +155,30 @@ def _busy(rd: str, flow: str, phase: int | None, note: dict) -> RunDirBusy:
     return RunDirBusy(msg, rd, note)
 
 
+def _holder_note(rd: str) -> dict:
+    note = read_note(rd)
+    if not note or "released" in note:  # the holder has just taken it and not yet written its note
+        time.sleep(0.2)
+        note = read_note(rd)
+    return {} if "released" in note else note
+
+
+def check_free(run_dir: str | Path, flow: str, phase: int | None = None) -> None:
+    """Raise ``RunDirBusy`` (the message ``acquire`` would give) if another process holds the run dir's lock now.
+    A pre-check, e.g. in the CLI before it starts Prefect and checks the flow's inputs; ``hold`` is what counts."""
+    rd = str(Path(run_dir).resolve())
+    with _mutex:
+        h = _held.get(rd)
+        if h is not None and h.pid == os.getpid():
+            return
+    if is_held(rd):
+        raise _busy(rd, flow, phase, _holder_note(rd))
+
+
 def acquire(run_dir: str | Path, flow: str, phase: int | None = None) -> None:
     """Take the run dir's lock or raise ``RunDirBusy``. Re-entrant within this process; pair with ``release``."""
     rd = str(Path(run_dir).resolve())
-    entry = {"flow": flow, "phase": phase, "since": _now()}
+    entry = {"flow": flow, "phase": _phase(flow, phase), "since": _now()}
     with _mutex:
         h = _held.get(rd)
         if h is not None and h.pid == os.getpid():
@@ -167,13 +193,7 @@ def acquire(run_dir: str | Path, flow: str, phase: int | None = None) -> None:
             os.close(fd)
             if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise
-            note = read_note(rd)
-            if not note:  # the holder has just taken it and not yet written its note
-                import time
-
-                time.sleep(0.2)
-                note = read_note(rd)
-            raise _busy(rd, flow, phase, note) from None
+            raise _busy(rd, flow, phase, _holder_note(rd)) from None
         note = {"pid": os.getpid(), "host": socket.gethostname(), "run_dir": rd, **entry}
         if os.environ.get("PREFECT__FLOW_RUN_ID"):  # set by Prefect workers in a deployment's flow-run process
             note["flow_run_id"] = os.environ["PREFECT__FLOW_RUN_ID"]

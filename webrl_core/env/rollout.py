@@ -173,12 +173,14 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
                   purpose: str = "rollout", policy_id: str | None = None, policy_digest: str | None = None,
                   settings_digest: str | None = None, attempts: list[int] | None = None, seed: int = 0,
                   progress: bool = True, judge=None, pool: BrowserPool | None = None,
-                  screenshot_dir=None) -> list[dict]:
+                  screenshot_dir=None, node: str | None = None) -> list[dict]:
     """Run every task once (duplicates = more samples) and return episode dicts (each with a ``steps`` list).
 
     ``policy_digest`` / ``settings_digest``: the identity of what acts (``webrl_core.identity``); by default the
     policy's own ``policy_digest`` (else its ``policy_id``) and the env's behaviour settings.
-    ``screenshot_dir``: with ``cfg.screenshots``, a PNG per step goes to ``<dir>/<episode_id>/<idx>.png``."""
+    ``screenshot_dir``: with ``cfg.screenshots``, a PNG per step goes to ``<dir>/<episode_id>/<idx>.png``.
+    ``node``: what episodes record as the machine that produced them (default: the hostname; the Ray engine
+    passes ``<hostname>/<node ip>/ray:<node id>``)."""
     screenshot_dir = screenshot_dir if getattr(cfg, "screenshots", False) else None
     policy_id = policy_id or getattr(policy, "policy_id", type(policy).__name__)
     policy_digest = policy_digest or getattr(policy, "policy_digest", None) or policy_id
@@ -188,7 +190,7 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
         raise ValueError(f"rollout: {len(attempts)} attempts for {len(tasks)} tasks")
     ids = plan_episode_ids(tasks, phase=phase, purpose=purpose, seed=seed, policy_digest=policy_digest,
                            settings_digest=settings_digest, attempts=attempts)
-    node = socket.gethostname()
+    node = node or socket.gethostname()
     jobs: asyncio.Queue = asyncio.Queue()
     for task, attempt, eid in zip(tasks, attempts, ids):
         jobs.put_nowait((task, attempt, eid))

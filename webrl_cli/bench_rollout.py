@@ -1,35 +1,72 @@
-"""`webrl bench rollout`: env steps/s, observation latency and memory of the rollout engine per n_envs."""
+"""`webrl bench rollout`: env steps/s, observation latency and memory of the rollout engine per n_envs; with
+`--engine ray`: env steps/s of a phase's rollout through Ray (1, 2, ... local nodes) against the local engine."""
 
 from __future__ import annotations
 
 import typer
 
 
+def _ints(value: str, flag: str) -> list[int]:
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{flag} {value!r}: expected comma-separated integers") from None
+
+
+def _words(value: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
+    out = [x.strip() for x in value.split(",") if x.strip()]
+    bad = [x for x in out if x not in allowed]
+    if bad or not out:
+        raise typer.BadParameter(f"{flag} {value!r}: allowed (comma-separated): {', '.join(allowed)}")
+    return out
+
+
 def register(app: typer.Typer) -> None:
     @app.command("rollout")
     def rollout_cmd(
-        target: str = typer.Option("miniwob", help="miniwob | embedded"),
-        n_envs: str = typer.Option("1,4,8,16", "--n-envs", help="comma-separated n_envs values to measure"),
-        episodes: int = typer.Option(40, min=1, help="timed episodes per n_envs (after a warm-up round)"),
+        target: str | None = typer.Option(None, help="miniwob | embedded (default: miniwob; --engine ray: "
+                                          "embedded)"),
+        n_envs: str | None = typer.Option(None, "--n-envs", help="comma-separated n_envs values to measure "
+                                          "(default 1,4,8,16; --engine ray: one value, browsers per shard, default 2)"),
+        episodes: int | None = typer.Option(None, min=1, help="timed episodes per setting (default 40; --engine "
+                                            "ray: 8)"),
+        engine: str = typer.Option("local", help="local: the engine's n_envs sweep; ray: a phase's rollout through "
+                                   "Ray on 1, 2, ... local nodes against the local engine"),
+        nodes: str = typer.Option("1,2", help="--engine ray: comma-separated node counts of the local Ray cluster"),
+        policy: str = typer.Option("oracle,hf", help="--engine ray: oracle (scripted) and/or hf (the config's embedded "
+                                   "model, random init)"),
+        serving: str = typer.Option("shared,per_shard", help="--engine ray, policy hf: served once by the driver "
+                                    "(shared) and/or a model copy per shard (per_shard)"),
+        shard_size: int = typer.Option(4, "--shard-size", min=1, help="--engine ray: episodes per Ray task"),
+        cpus_per_node: int = typer.Option(1, "--cpus-per-node", min=1, help="--engine ray: CPUs each local node offers "
+                                            "(1: one shard at a time per node)"),
         config: str | None = typer.Option(None, "--config", "-c", help="config file for the env section"),
         set_: list[str] = typer.Option([], "--set", help="section.key=value overrides"),
     ) -> None:
-        """Measure the rollout engine with a scripted policy (no model): the browser side alone."""
+        """Measure the rollout engine with a scripted policy (no model): the browser side alone; or, with
+        --engine ray, a phase's rollout through Ray against the local engine."""
         from rich.console import Console
         from rich.table import Table
 
-        from webrl_core.bench.rollout import bench_rollout
         from webrl_core.config import load_config
 
         settings = load_config(config, sets=set_ or ())
         cfg = settings.env
-        try:
-            ns = [int(x) for x in n_envs.split(",") if x.strip()]
-        except ValueError:
-            raise typer.BadParameter(f"--n-envs {n_envs!r}: expected comma-separated integers") from None
+        console = Console()
+        if engine not in ("local", "ray"):
+            raise typer.BadParameter(f"--engine {engine!r}: allowed: local, ray")
+        if engine == "ray":
+            _bench_ray(console, settings, target or "embedded", n_envs, episodes or 8, _ints(nodes, "--nodes"),
+                       _words(policy, "--policy", ("oracle", "hf")),
+                       _words(serving, "--serving", ("shared", "per_shard")), shard_size, cpus_per_node)
+            return
+        from webrl_core.bench.rollout import bench_rollout
+
+        target = target or "miniwob"
+        episodes = episodes or 40
+        ns = _ints(n_envs or "1,4,8,16", "--n-envs")
         from webrl_core.env.browser import chromium_executable
 
-        console = Console()
         console.print(f"target={target}, {episodes} timed episodes per setting, "
                       f"contexts_per_browser={cfg.contexts_per_browser}, batch_wait_s={cfg.batch_wait_s}, "
                       f"sites.workers={settings.sites.workers}, chromium={chromium_executable(cfg)}")
@@ -51,3 +88,42 @@ def register(app: typer.Typer) -> None:
         best = max(rows, key=lambda r: r["steps_per_s"])
         console.print(f"best: {best['steps_per_s']:.1f} env steps/s at n_envs={best['n_envs']} "
                       f"(target >= 10 steps/s)")
+
+
+def _bench_ray(console, settings, target: str, n_envs: str | None, episodes: int, nodes: list[int],
+               policies: list[str], servings: list[str], shard_size: int, cpus_per_node: int) -> None:
+    import os
+
+    from rich.table import Table
+
+    from webrl_core.bench.rollout import bench_engines
+
+    if target != "embedded":
+        raise typer.BadParameter(f"--target {target!r}: --engine ray rolls out the embedded sites' tasks (a phase's "
+                                 f"rollout); use --target embedded")
+    if not nodes or min(nodes) < 1:
+        raise typer.BadParameter("--nodes: node counts >= 1")
+    n = _ints(n_envs, "--n-envs")[0] if n_envs else 2
+    settings = settings.model_copy(update={"env": settings.env.model_copy(update={"n_envs": n})})
+    console.print(f"--engine ray: {episodes} timed episodes per row (embedded training tasks), n_envs={n} per "
+                  f"shard (and for the local engine), shard_size={shard_size}, {cpus_per_node} CPU(s) per node, "
+                  f"nodes={nodes} (ray start processes on this machine's loopback), policies={policies}, "
+                  f"machine: {os.cpu_count()} cores")
+    rows = bench_engines(settings, nodes, policies, servings, episodes, shard_size, cpus_per_node,
+                         temperature=settings.policy.temperature, seed=settings.run.seed,
+                         on_row=lambda r: console.print(f"  {r['engine']} nodes={r['nodes']} {r['policy']} "
+                                                        f"{r['serving']}: {r['steps_per_s']:.2f} steps/s"))
+    table = Table(title="webrl bench rollout --engine ray: env steps/s of a phase's rollout", padding=(0, 0))
+    # short headers and values: the table must fit an 80-column terminal
+    cols = [("engine", "engine", "{}"), ("nodes", "nodes", "{}"), ("policy", "policy", "{}"),
+            ("serving", "serving", "{}"), ("eps", "episodes", "{}"), ("steps", "steps", "{}"),
+            ("wall s", "wall_s", "{:.1f}"), ("steps/s", "steps_per_s", "{:.2f}"), ("vs local", "vs_local", "{:.2f}x"),
+            ("err", "errors", "{}"), ("start s", "cluster_start_s", "{:.0f}")]
+    for name, _, _ in cols:
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(*[fmt.format(r[key]) for _, key, fmt in cols])
+    console.print(table)
+    console.print("nodes: 0 = the local engine in this process (hf: torch's default threads, and 1 thread as in a "
+                  "1-CPU Ray shard); start s = seconds to start the Ray nodes (not in wall s); vs local = steps/s "
+                  "over the faster local row of the same policy")

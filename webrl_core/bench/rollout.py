@@ -131,3 +131,156 @@ def bench_rollout(target: str = "miniwob", n_envs_list: list[int] = (1, 4, 8, 16
     finally:
         stop()
     return rows
+
+
+# ----------------------------------------------------------------------------------------- engines (Ray)
+def _engine_tasks(n: int, seed: int, data_seed: int) -> list[dict]:
+    from webrl_core.sites import train_tasks
+
+    return train_tasks(n, seed=seed, data_seed=data_seed)
+
+
+def _bench_actor(settings, root) -> "ArtifactRef":  # noqa: F821 -- the config's embedded model, random init
+    from webrl_core.artifacts import ArtifactRef
+    from webrl_core.models import build_embedded_model, train_embedded_tokenizer
+    from webrl_core.prompts import build_prompt
+
+    emb = settings.models.embedded
+    texts = [build_prompt(t["intent"], [], t["start_url"] * 40) + 'do(action="Click", element="3")'
+             for t in _engine_tasks(64, 99, settings.sites.data_seed)]
+    train_embedded_tokenizer(texts, emb.vocab_size, root / "tok")
+    return ArtifactRef.of(build_embedded_model(root / "tok", emb, root / "actor", seed=0), "model")
+
+
+def _local_phase(settings, run_dir, tasks, purpose, actor_ref, temperature, ident) -> None:
+    """A phase's rollout as ``stages.rollout`` runs it with ``rollout.engine: local``."""
+    from webrl_core.env.rollout import default_attempts, run_rollout
+    from webrl_core.stages import make_policy, site_session
+    from webrl_core.store import TrajectoryStore
+
+    policy = make_policy(settings, actor_ref, temperature, purpose)
+    with site_session(settings) as hooks:
+        run_rollout(tasks, policy, settings.env.n_envs, cfg=settings.env, hooks=hooks, store=TrajectoryStore(run_dir),
+                    phase=0, purpose=purpose, seed=settings.run.seed, attempts=default_attempts(tasks),
+                    progress=False, **ident)
+
+
+def _steps(run_dir) -> tuple[int, int, int]:
+    from webrl_core.store import TrajectoryStore
+
+    eps = TrajectoryStore(run_dir).sql("SELECT n_steps, status FROM episodes")
+    return len(eps), sum(int(e["n_steps"] or 0) for e in eps), sum(e["status"] == "error" for e in eps)
+
+
+def bench_engines(settings, nodes_list: list[int] = (1, 2), policies: list[str] = ("oracle", "hf"),
+                  servings: list[str] = ("shared", "per_shard"), episodes: int = 8, shard_size: int = 4,
+                  cpus_per_node: int = 1, temperature: float = 1.0, seed: int = 0, on_row=None) -> list[dict]:
+    """env steps/s of a phase's rollout through the local engine and through Ray on a local multi-node cluster
+    (``LocalRayCluster``: 1 node, then one more per ``nodes_list`` entry, each with ``cpus_per_node`` CPUs, on
+    this machine's loopback), per policy: ``oracle`` (scripted) and ``hf`` (the config's embedded model, random
+    init: generation cost without training), the latter served once by the driver (``shared``) or loaded by
+    every shard (``per_shard``). Every row runs the same ``episodes`` embedded training tasks (into a store of its
+    own) after a warm-up (one episode per node: worker imports, browser and site caches), timed end to end as the stage
+    would see it: sites and browsers started by each shard included, cluster start excluded (reported as
+    ``cluster_start_s``). The local ``hf`` baseline runs twice: torch's default threads and one thread (what a
+    1-CPU Ray shard gets). ``vs_local`` = steps/s over the faster local row of the same policy."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    import ray
+
+    from webrl_core.env.rollout import default_attempts
+    from webrl_core.ray_rollout import LocalRayCluster, RolloutConfig, run_on_ray
+    from webrl_core.stages import rollout_identity
+
+    root = Path(tempfile.mkdtemp(prefix="webrl-bench-engines-"))
+    rows: list[dict] = []
+    # every row runs the same timed tasks (into its own store); warm-ups take other tasks
+    pool = _engine_tasks(episodes + 2 * max(8, settings.env.n_envs, *nodes_list), seed, settings.sites.data_seed)
+    timed, spare = pool[:episodes], pool[episodes:]
+
+    def warm_tasks(n: int) -> list[dict]:
+        return spare[:n]
+
+    actor = _bench_actor(settings, root / "model") if "hf" in policies else None
+
+    def policy_args(policy: str):
+        if policy == "oracle":
+            s, purpose, ref, temp = settings, "oracle", None, 0.0
+        else:
+            s = settings.model_copy(update={"policy": settings.policy.model_copy(update={"backend": "hf"})})
+            purpose, ref, temp = "rollout", actor, temperature
+        return s, purpose, ref, temp, rollout_identity(s, ref, temp, purpose)
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        if on_row:
+            on_row(row)
+
+    def measure(run, label: str) -> dict:
+        run_dir = root / label
+        t0 = time.perf_counter()
+        run(run_dir)
+        wall = time.perf_counter() - t0
+        n, steps, errors = _steps(run_dir)
+        return {"episodes": n, "steps": steps, "errors": errors, "wall_s": wall,
+                "steps_per_s": steps / wall if wall > 0 else 0.0}
+
+    cluster = None
+    try:
+        for policy in policies:  # the local engine first: the baselines
+            s, purpose, ref, temp, ident = policy_args(policy)
+            _local_phase(s, root / f"warm-local-{policy}", warm_tasks(s.env.n_envs), purpose, ref, temp, ident)
+            # hf: also with one torch thread, as Ray runs a 1-CPU shard (OMP_NUM_THREADS=1): torch's default
+            # threads compete with the browsers for the cores
+            for threads in ([None, 1] if policy == "hf" else [None]):
+                import torch
+
+                before = torch.get_num_threads()
+                if threads:
+                    torch.set_num_threads(threads)
+                try:
+                    row = measure(lambda d: _local_phase(s, d, timed, purpose, ref, temp, ident),
+                                  f"local-{policy}-{threads}")
+                finally:
+                    torch.set_num_threads(before)
+                serving = "-" if policy != "hf" else "in-proc" if not threads else f"in-proc,{threads}t"
+                emit({"engine": "local", "nodes": 0, "policy": policy, "serving": serving, **row,
+                      "cluster_start_s": 0.0})
+        cluster = LocalRayCluster(num_cpus=cpus_per_node)
+        for nodes in sorted(set(nodes_list)):
+            t0 = time.perf_counter()
+            if not cluster.nodes:
+                cluster.start()
+            while len(cluster.nodes) < nodes:
+                cluster.add_node()
+            start_s = time.perf_counter() - t0
+            if not ray.is_initialized():
+                ray.init(address=cluster.address, logging_level="WARNING", log_to_driver=False)
+            for policy in policies:
+                for serving in (servings if policy == "hf" else ["shared"]):
+                    s, purpose, ref, temp, ident = policy_args(policy)
+                    cfg = RolloutConfig(engine="ray", shard_size=shard_size, policy_serving=serving)
+
+                    def go(d, cfg=cfg, s=s, purpose=purpose, ref=ref, temp=temp, ident=ident):
+                        run_on_ray(s, cfg, d, 0, purpose, timed, default_attempts(timed), ref, temp, ident)
+
+                    warm_cfg = cfg.model_copy(update={"shard_size": 1})
+                    warm = warm_tasks(nodes)
+                    run_on_ray(s, warm_cfg, root / f"warm-{nodes}-{policy}-{serving}", 0, purpose, warm,
+                               default_attempts(warm), ref, temp, ident)
+                    row = measure(go, f"ray{nodes}-{policy}-{serving}")
+                    emit({"engine": "ray", "nodes": nodes, "policy": policy,
+                          "serving": serving if policy == "hf" else "-", **row, "cluster_start_s": start_s})
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if cluster is not None:
+            cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    for row in rows:  # against the faster local row, now that all are in
+        base = max((r["steps_per_s"] for r in rows if r["engine"] == "local" and r["policy"] == row["policy"]),
+                   default=0.0)
+        row["vs_local"] = row["steps_per_s"] / base if base else 1.0
+    return rows

@@ -18,8 +18,10 @@ Method (every run drives the ``webrl`` command line as a subprocess with its own
      its end until the kill lands, so the kill always precedes Prefect's record of the stage's result (a
      stage faster than the delay is killed after its work, before the result was persisted);
    * mid-rollout / mid-evaluation: ``kill -9`` as soon as at least one of the rollout's episodes is stored;
-   * one Chromium browser process (``kill -9`` of the browser's main process) or the embedded sites' server
-     process, once the rollout's browsers have run for a few seconds; the flow itself is left alone.
+   * one Chromium browser process (``kill -9`` of the main process of a browser that renders a page) or the
+     embedded sites' server process, once the rollout's browsers have run for a few seconds (the evaluation's
+     server as soon as its browser is up: its later episodes need the server); the flow itself is left alone and
+     the row reports whether a new browser / server was started while that rollout ran.
 
    Then the same ``webrl phase`` command again (no probes) when the first run did not finish by itself; the
    row records which Prefect tasks the re-run took from the cache and which it ran again.
@@ -44,6 +46,8 @@ Method (every run drives the ``webrl`` command line as a subprocess with its own
      there; then every downstream artifact is compared with a recomputation from the run's own stored
      episodes instead (``webrl_core.reproduce``: transitions -> replay -> critic -> actor, same tolerance;
      the ORM's P(YES) re-scored, 1e-6; the evaluation's counts recomputed from its stored episodes).
+     With ``--set policy.temperature=0`` the rollouts are greedy and were measured identical across runs
+     (kill and resume included), and then every artifact is compared with the clean run's.
 """
 
 from __future__ import annotations
@@ -224,6 +228,12 @@ def browser_pids(pid: int) -> list[int]:
     renderers, GPU and utility processes have one)."""
     return sorted(p for p, cmd in descendants(pid).items()
                   if "chrom" in cmd.split(" ", 1)[0].rsplit("/", 1)[-1] and "--type=" not in cmd)
+
+
+def browsers_with_pages(pid: int) -> list[int]:
+    """The browsers below ``pid`` that render a page right now (a ``--type=renderer`` child): their episodes are in
+    flight, where a browser without one is idle or closing."""
+    return sorted(b for b in browser_pids(pid) if any("--type=renderer" in c for c in descendants(b).values()))
 
 
 def sites_pids(pid: int) -> list[int]:
@@ -454,9 +464,11 @@ class Harness:
                     "at_kill": {**self._stored("rollout"), **self._stored("eval")}}
         return trigger
 
-    def _process_trigger(self, fault: Fault, settle_s: float = 3.0):
-        """Kill one process of the ``fault.purpose`` rollout once its browsers have run ``settle_s`` (episodes in
-        flight) and not all its episodes are stored; then keep watching for the replacement the pipeline starts."""
+    def _process_trigger(self, fault: Fault):
+        """Kill one process of the ``fault.purpose`` rollout once its browsers have run a few seconds (episodes in
+        flight; the evaluation's episodes last about a second each, so there at once) and not all its episodes
+        are stored; then watch, until that rollout ends, for the replacement the pipeline starts."""
+        settle_s = 3.0 if fault.purpose == "rollout" else 0.0
         seen: dict[int, float] = {}
         state: dict[str, Any] = {"victim": None, "new": set()}
         probe = f"rollout.{fault.purpose}"
@@ -466,7 +478,10 @@ class Harness:
 
         def trigger(proc, t0):
             if state["victim"] is not None:  # after the kill: a relaunched browser / a new sites server
-                state["new"].update(p for p in pids(proc) if p not in seen)
+                ended = (len(_times(self.probes, probe, "exit")) + len(_times(self.probes, probe, "error"))
+                         >= len(_times(self.probes, probe, "enter")))
+                if not ended:
+                    state["new"].update(p for p in pids(proc) if p not in seen)
                 return None
             enter = _times(self.probes, probe, "enter")
             if not enter:
@@ -478,6 +493,8 @@ class Harness:
             if not any(now - seen[p] >= settle_s for p in browsers):
                 return None
             victims = [p for p in pids(proc) if now - seen[p] >= settle_s]
+            if fault.target == "chromium":  # one whose episodes are in flight
+                victims = [p for p in browsers_with_pages(proc.pid) if p in victims]
             stored = self._stored(fault.purpose)
             n = self._n_planned(fault.purpose)
             if not victims or len(stored) >= n:
@@ -493,6 +510,7 @@ class Harness:
                                 f"{len(stored)}/{n} {fault.purpose} episodes stored"}
         trigger.watch = True
         trigger.state = state
+        trigger.poll_s = 0.1
         return trigger
 
     # -- the matrix
@@ -531,7 +549,8 @@ class Harness:
             if first.injected:
                 kind = "browser launched" if fault.target == "chromium" else "sites server started"
                 n_new = len(trigger.state["new"])
-                first.injected += f"; then {n_new} new {kind}" if n_new else f"; no new {kind}"
+                first.injected += (f"; {n_new} new {kind} during the {fault.purpose}" if n_new
+                                   else f"; no new {kind} during the {fault.purpose}")
         attempts = {p: len(_times(self.probes, f"rollout.{p}", "enter")) for p in ("rollout", "eval")}
         row: dict[str, Any] = {"fault": fault.name, "title": fault.title, "injected": first.injected or "not injected",
                                "first_rc": first.rc, "first_wall_s": first.wall_s, "survived": first.survived,

@@ -19,7 +19,7 @@ Method (every run drives the ``webrl`` command line as a subprocess with its own
      stage faster than the delay is killed after its work, before the result was persisted);
    * mid-rollout / mid-evaluation: ``kill -9`` as soon as at least one of the rollout's episodes is stored;
    * one Chromium browser process (``kill -9`` of the main process of a browser that renders a page) or the
-     embedded sites' server process, once the rollout's browsers have run for a few seconds (the evaluation's
+     embedded sites' server process, once the rollout's browsers have run for half a second (the evaluation's
      server as soon as its browser is up: its later episodes need the server); the flow itself is left alone and
      the row reports whether a new browser / server was started while that rollout ran.
 
@@ -130,8 +130,10 @@ def install_probes(folder: str | Path, hold: str | None = None) -> None:
             _mark(folder, probe, "enter")
             try:
                 out = orig(*args, **kwargs)
-            except BaseException:
+            except BaseException as e:
                 _mark(folder, probe, "error")
+                with open(folder / f"{probe}.error.txt", "a") as fh:
+                    fh.write(f"{type(e).__name__}: {e}\n")
                 raise
             _mark(folder, probe, "exit")
             if hold and (probe == hold or probe.startswith(hold + ".")):
@@ -258,7 +260,9 @@ def webrl_command(probed: bool = False) -> list[str]:
     if probed:
         return [sys.executable, "-c", "from webrl_core.bench.faults import probed_main; probed_main()"]
     exe = Path(sys.executable).parent / "webrl"
-    return [str(exe)] if exe.exists() else [sys.executable, "-c", "from webrl_cli.main import app; app(prog_name='webrl')"]
+    if exe.exists():
+        return [str(exe)]
+    return [sys.executable, "-c", "from webrl_cli.main import app; app(prog_name='webrl')"]
 
 
 @dataclass
@@ -465,10 +469,10 @@ class Harness:
         return trigger
 
     def _process_trigger(self, fault: Fault):
-        """Kill one process of the ``fault.purpose`` rollout once its browsers have run a few seconds (episodes in
-        flight; the evaluation's episodes last about a second each, so there at once) and not all its episodes
-        are stored; then watch, until that rollout ends, for the replacement the pipeline starts."""
-        settle_s = 3.0 if fault.purpose == "rollout" else 0.0
+        """Kill one process of the ``fault.purpose`` rollout once its browsers have run half a second (episodes in
+        flight: a smoke episode lasts a few seconds, an evaluation episode about one, so there at once) and not all
+        its episodes are stored; then watch, until that rollout ends, for the replacement the pipeline starts."""
+        settle_s = 0.5 if fault.purpose == "rollout" else 0.0
         seen: dict[int, float] = {}
         state: dict[str, Any] = {"victim": None, "new": set()}
         probe = f"rollout.{fault.purpose}"
@@ -648,7 +652,8 @@ def collect(run: str | Path) -> dict:
     con = duckdb.connect()
     try:  # every original write of an episode (updates carry '-u' in their batch)
         writes = con.execute(f"""SELECT episode_id, _batch, status FROM read_parquet('{files}/*.parquet',
-                                 union_by_name=true) WHERE _batch NOT LIKE '%-u%' ORDER BY episode_id, _batch""").fetchall()
+                                 union_by_name=true) WHERE _batch NOT LIKE '%-u%'
+                                 ORDER BY episode_id, _batch""").fetchall()
     finally:
         con.close()
     by_writes: dict[str, list] = {}

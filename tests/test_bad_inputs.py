@@ -93,7 +93,7 @@ def test_placeholder_without_url_fails_up_front_instead_of_erroring_every_episod
         V.check_test_set_file(webarena)
     from webrl_core.sites.server import SITES
 
-    assert set(V.EMBEDDED_SITES) == set(SITES)
+    assert set(V.SITES) == set(SITES)
     # the library: substitute only what is configured, keep the rest for the embedded sites, or fail by name
     kept = wa.load_webarena_tasks(FIXTURE, {"gitlab": "http://h:1/"}, missing="keep")
     assert kept[2]["start_url"] == "http://h:1" and kept[0]["start_url"] == "__SHOPPING_ADMIN__"

@@ -51,7 +51,8 @@ def print_table(run_dir: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.report import SITE_TITLES, SITES, results_table
+    from webrl_core.report import results_table
+    from webrl_core.websites import SITE_TITLES, SITES
 
     rows = results_table(run_dir)
     t = Table(title=f"Test-set success rate (%) per site: {run_dir}")

@@ -27,8 +27,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from webrl_core.ray_rollout import RolloutConfig
+from webrl_core.websites import ALL_SITES
 
-SITE_NAMES = ("shopping", "shopping_admin", "reddit", "gitlab", "map", "wikipedia", "homepage")
+
 
 
 class ConfigError(ValueError):
@@ -72,9 +73,9 @@ class SitesConfig(Section):
     @field_validator("urls")
     @classmethod
     def _known_sites(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = sorted(set(v) - set(SITE_NAMES))
+        bad = sorted(set(v) - set(ALL_SITES))
         if bad:
-            raise ValueError(f"unknown site(s) {bad}; allowed: {list(SITE_NAMES)}")
+            raise ValueError(f"unknown site(s) {bad}; allowed: {list(ALL_SITES)}")
         for site, url in v.items():
             parts = urlsplit(str(url))
             if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -403,7 +404,7 @@ def env_site_urls(environ: dict[str, str] | None = None) -> dict[str, str]:
     """WebArena's URL env vars (and BrowserGym's WA_ names; the unprefixed name wins)."""
     environ = os.environ if environ is None else environ
     out = {}
-    for site in SITE_NAMES:
+    for site in ALL_SITES:
         var = site.upper()
         val = environ.get(var) or environ.get(f"WA_{var}")
         if val:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SITES = ("reddit", "gitlab", "shopping_admin", "map", "shopping")
-SITE_TITLES = {"reddit": "Reddit", "gitlab": "GitLab", "shopping_admin": "CMS", "map": "Map", "shopping": "OSS"}
+from webrl_core.websites import SITE_TITLES, SITES
 
 
 def _phases(run_dir: str | Path, kind: str) -> list[tuple[int, dict]]:

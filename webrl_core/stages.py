@@ -29,8 +29,8 @@ from webrl_core import identity, validate
 from webrl_core.artifacts import ArtifactRef, read_json, write_json
 from webrl_core.config import WebRLSettings
 from webrl_core.store import TrajectoryStore
+from webrl_core.websites import is_success
 
-SITES5 = ("shopping", "shopping_admin", "reddit", "gitlab", "map")
 
 
 # ----------------------------------------------------------------------------------------- plumbing
@@ -258,7 +258,7 @@ def rollout(settings: WebRLSettings, run_dir: str, phase: int, purpose: str, tas
                            f"stored, e.g. {missing[:3]}")
     got = [rows[i] for i in ids]
     out = {"episode_ids": ids, "n": len(got), "policy_digest": ident["policy_digest"],
-           "env_success": sum(1 for e in got if e["status"] != "error" and (e.get("env_score") or 0) >= 1.0),
+           "env_success": sum(1 for e in got if e["status"] != "error" and is_success(e.get("env_score"))),
            "errors": sum(1 for e in got if e["status"] == "error"), "skipped_existing": len(tasks) - len(todo)}
     check_error_rate(settings.env.max_error_rate, f"rollout of {purpose} phase {phase} shard {shard}", got)
     return out
@@ -301,8 +301,8 @@ def label_with_env(run_dir: str, rollouts: dict) -> dict:
     """Bootstrap labels: the sites' own evaluators (success iff env_score >= 1)."""
     store = TrajectoryStore(run_dir)
     eps, _ = _episodes_with_steps(store, rollouts["episode_ids"])
-    store.update_episodes([{"episode_id": e["episode_id"], "success": (e.get("env_score") or 0) >= 1.0} for e in eps])
-    n_ok = sum(1 for e in eps if (e.get("env_score") or 0) >= 1.0)
+    store.update_episodes([{"episode_id": e["episode_id"], "success": is_success(e.get("env_score"))} for e in eps])
+    n_ok = sum(1 for e in eps if is_success(e.get("env_score")))
     return {"n": len(eps), "success_rate": n_ok / max(1, len(eps))}
 
 
@@ -335,7 +335,7 @@ def sft_actor(settings: WebRLSettings, run_dir: str, tokenizer_ref: ArtifactRef,
 
     store = TrajectoryStore(run_dir)
     eps, by_ep = _episodes_with_steps(store, demos["episode_ids"])
-    pairs = [(s["prompt"], s["response"]) for e in eps if (e.get("env_score") or 0) >= 1.0
+    pairs = [(s["prompt"], s["response"]) for e in eps if is_success(e.get("env_score"))
              for s in by_ep.get(e["episode_id"], [])]
     key = output_key(settings, tokenizer_ref, json.dumps(demos["episode_ids"]))
     base = versioned(Path(run_dir) / "models" / "phase=0" / "init", key)
@@ -356,7 +356,7 @@ def train_orm_stage(settings: WebRLSettings, run_dir: str, rollouts: list[dict],
     store = TrajectoryStore(run_dir)
     ids = sorted({i for r in rollouts for i in r["episode_ids"]})
     eps, by_ep = _episodes_with_steps(store, ids)
-    labels = {e["episode_id"]: (e.get("env_score") or 0) >= 1.0 for e in eps}
+    labels = {e["episode_id"]: is_success(e.get("env_score")) for e in eps}
     examples = orm_examples_from_episodes(eps, by_ep, labels, settings.orm.max_html_chars)
     examples = balance_classes(examples, seed=settings.run.seed)
     train, held = split_examples(examples, settings.orm.eval_fraction, seed=settings.run.seed)
@@ -545,7 +545,7 @@ def orm_label(settings: WebRLSettings, run_dir: str, phase: int, rollouts: dict,
                            for e, x in zip(eps, p)])
     store.write_scores([{"kind": "orm_p_yes", "episode_id": e["episode_id"], "phase": phase, "value": float(x),
                          "model_id": orm_ref.sha256[:12]} for e, x in zip(eps, p)])
-    truth = [(e.get("env_score") or 0) >= 1.0 for e in eps]
+    truth = [is_success(e.get("env_score")) for e in eps]
     pred = [x >= thr for x in p]
     tp = sum(a and b for a, b in zip(pred, truth))
     fp = sum(a and not b for a, b in zip(pred, truth))

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from webrl_core.config import WebRLSettings, dump_config
+from webrl_core.websites import SITES
 
 # the sites webrl_core.sites serves (webrl_core.sites.server.SITES; kept here so checks do not import the server)
-EMBEDDED_SITES = ("shopping", "shopping_admin", "reddit", "gitlab", "map")
 CONFIG_FILE = "config.yaml"
 HISTORY_DIR = "config-history"
 
@@ -173,7 +173,7 @@ def served_sites(settings: WebRLSettings) -> set[str]:
     """Sites a rollout can reach: the embedded ones (embedded mode; their hooks substitute the placeholders) or
     the configured URLs (webarena mode)."""
     if settings.sites.mode == "embedded":
-        return set(EMBEDDED_SITES)
+        return set(SITES)
     return set(settings.sites.urls)
 
 
@@ -194,7 +194,7 @@ def check_test_set_file(settings: WebRLSettings) -> list[dict] | None:
     lines = unserved_sites(tasks, served_sites(settings), src)
     if lines:
         if settings.sites.mode == "embedded":
-            how = (f"the embedded sites serve {list(EMBEDDED_SITES)} only: use sites.mode=webarena with a URL for "
+            how = (f"the embedded sites serve {list(SITES)} only: use sites.mode=webarena with a URL for "
                    f"every site (SHOPPING=..., WIKIPEDIA=... or sites.urls), or drop those tasks")
         else:
             need = sorted(set().union(*(needed_sites(t) for t in tasks)) - served_sites(settings))

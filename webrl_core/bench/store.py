@@ -20,10 +20,10 @@ from rich.table import Table
 
 from webrl_core.prompts import build_prompt
 from webrl_core.store import TrajectoryStore
+from webrl_core.websites import SITES
 
 _WORDS = ("red blue green compact wireless organic leather steel vintage smart classic portable deluxe mini "
           "shoe lamp chair phone cable bottle jacket watch kettle speaker notebook pillow blender camera").split()
-_SITES = ("shopping", "shopping_admin", "reddit", "gitlab", "map")
 
 
 def _page(rng: random.Random, size: int) -> str:
@@ -59,7 +59,7 @@ def run(n_steps: int = 1_000_000, phases: int = 5, batch_episodes: int = 2000, o
                 intent = f"Find the cheapest {rng.choice(_WORDS)} {rng.choice(_WORDS)} (#{ep_i})"
                 ep = {"episode_id": f"ep{ep_i:08d}", "task_id": f"t{ep_i % 50000}", "phase": phase,
                       "policy_id": "bench", "purpose": "rollout", "status": "done", "success": rng.random() < 0.3,
-                      "n_steps": n, "intent": intent, "site": rng.choice(_SITES), "seed": 0}
+                      "n_steps": n, "intent": intent, "site": rng.choice(SITES), "seed": 0}
                 past, steps = [], []
                 for t in range(n):
                     html = f'<div data-step="{t}" data-ep="{ep_i}">' + rng.choice(pool) + "</div>"

@@ -36,6 +36,7 @@ from webrl_core.env.actions import is_crash
 from webrl_core.env.browser import BrowserPool
 from webrl_core.env.web_env import EnvCrash, WebEnv
 from webrl_core.prompts import build_prompt
+from webrl_core.websites import is_success
 
 
 class PolicyError(RuntimeError):
@@ -247,7 +248,7 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
             if steps:
                 steps[-1]["reward"] = float(score or 0.0)
             return {**base, **out, "intent": out["intent"] or base["intent"],
-                    "orm_score": None, "success": None if score is None else bool(score > 0),
+                    "orm_score": None, "success": None if score is None else is_success(score),
                     "n_steps": len(steps), "started_at": started, "wall_s": time.perf_counter() - t0,
                     "policy_s": timing["policy_s"], "env_s": timing["env_s"], "error": None,
                     "retries": _try, "steps": steps}

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from webrl_core.env.evaluators import URL_RULES, parse_helper_call
+from webrl_core.websites import SITES, TASK_CONFIG_SITES
 
-TASK_SITES = ("shopping", "shopping_admin", "reddit", "gitlab", "map", "wikipedia")
 PLACEHOLDERS = {"__SHOPPING__": "shopping", "__SHOPPING_ADMIN__": "shopping_admin", "__REDDIT__": "reddit",
                 "__GITLAB__": "gitlab", "__MAP__": "map", "__WIKIPEDIA__": "wikipedia", "__HOMEPAGE__": "homepage"}
 SITE_PLACEHOLDER = {site: ph for ph, site in PLACEHOLDERS.items()}
@@ -180,8 +180,8 @@ def task_errors(task: Any) -> list[str]:
     check("sites", lambda v: _is_str_list(v) and len(v) > 0, "a non-empty list of site names")
     if _is_str_list(task.get("sites")):
         for s in task["sites"]:
-            if s not in TASK_SITES:
-                errs.append(f"field 'sites': unknown site {s!r}; allowed: {list(TASK_SITES)}")
+            if s not in TASK_CONFIG_SITES:
+                errs.append(f"field 'sites': unknown site {s!r}; allowed: {list(TASK_CONFIG_SITES)}")
     check("task_id", is_id, "int or str")
     check("old_task_id", lambda v: v is None or is_id(v), "int, str or null")
     check("require_login", lambda v: isinstance(v, bool), "bool")
@@ -354,8 +354,8 @@ def make_generated_task_config(task_id: int | str, site: str, intent: str, start
                                auth_dir: str = "./.auth", old_task_id: int | str | None = None) -> dict:
     """Runnable config of an LLM-generated task (official README template). It keeps placeholders: substitute site
     URLs when it is run. ``storage_state`` is null for map/wikipedia, which need no login (as in WebArena-Lite)."""
-    if site not in TASK_SITES or site == "wikipedia":
-        raise ValueError(f"site {site!r} cannot start a generated task; allowed: {list(TASK_SITES[:5])}")
+    if site not in TASK_CONFIG_SITES or site == "wikipedia":
+        raise ValueError(f"site {site!r} cannot start a generated task; allowed: {list(SITES)}")
     if not isinstance(intent, str) or not intent.strip():
         raise ValueError(f"task {task_id!r}: intent must be a non-empty str")
     path = start_path if not start_path or start_path.startswith("/") else "/" + start_path

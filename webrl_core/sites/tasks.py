@@ -15,8 +15,8 @@ from functools import lru_cache
 
 from webrl_core.sites.data import site_data
 from webrl_core.sites.families import FAMILIES, Family, stable_hash
+from webrl_core.websites import SITES
 
-SITE_ORDER = ("shopping", "shopping_admin", "gitlab", "map", "reddit")
 # WebArena-Lite: 45/35/30/26/19 single-site tasks + 10 multi-site ones; we count those 10 towards the sites they
 # name (our families are single-site), which keeps the total at 165.
 TEST_COUNTS = {"shopping": 46, "shopping_admin": 36, "gitlab": 34, "map": 29, "reddit": 20}
@@ -69,7 +69,7 @@ def families_of(site: str) -> list[Family]:
 def _test_set(data_seed: int) -> tuple:
     pools = _pools(data_seed)
     tasks = []
-    for site in SITE_ORDER:
+    for site in SITES:
         fams = families_of(site)
         quota = sum(f.test_quota for f in fams)
         if quota != TEST_COUNTS[site]:

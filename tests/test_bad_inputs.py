@@ -91,9 +91,9 @@ def test_placeholder_without_url_fails_up_front_instead_of_erroring_every_episod
                            environ={"MAP": "http://127.0.0.1:3000"})
     with pytest.raises(V.BadInputError, match=r"WIKIPEDIA=<url>"):
         V.check_test_set_file(webarena)
-    from webrl_core.sites.server import SITES
+    from webrl_core.sites.server import SITE_APPS
 
-    assert set(V.SITES) == set(SITES)
+    assert set(V.SITES) == set(SITE_APPS)
     # the library: substitute only what is configured, keep the rest for the embedded sites, or fail by name
     kept = wa.load_webarena_tasks(FIXTURE, {"gitlab": "http://h:1/"}, missing="keep")
     assert kept[2]["start_url"] == "http://h:1" and kept[0]["start_url"] == "__SHOPPING_ADMIN__"

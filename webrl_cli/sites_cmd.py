@@ -16,7 +16,7 @@ def _tasks(split: str, n: int | None, seed: int, data_seed: int) -> list[dict]:
     if split == "test":
         tasks = test_set(data_seed)
         if n is not None and n < len(tasks):
-            from webrl_core.stages import stratified
+            from webrl_core.pipeline.task_sets import stratified
 
             tasks = stratified(tasks, n)
         return tasks
@@ -29,13 +29,13 @@ def _tasks(split: str, n: int | None, seed: int, data_seed: int) -> list[dict]:
 def serve(data_seed: int = typer.Option(0, help="seed of the generated site data"),
           host: str = typer.Option("127.0.0.1", help="loopback interface to bind")) -> None:
     """Start the five sites, print their URLs and logins, run until Ctrl-C."""
-    from webrl_core.sites.server import SITES, EmbeddedSites
+    from webrl_core.sites.server import SITE_APPS, EmbeddedSites
 
     with EmbeddedSites(data_seed=data_seed, host=host) as sites:
         for site, url in sites.urls.items():
-            accounts = SITES[site][2]
+            accounts = SITE_APPS[site].accounts
             login = ", ".join(f"{u} / {p}" for u, p in accounts.items()) or "no login"
-            typer.echo(f"{site:15s} {url}   ({SITES[site][3]}; {login})")
+            typer.echo(f"{site:15s} {url}   ({SITE_APPS[site].placeholder}; {login})")
         typer.echo("Serving; press Ctrl-C to stop.")
         try:
             while True:

@@ -1,5 +1,6 @@
-"""Every task family's evaluator, end to end in real Chromium through the env's rollout (A1) and the
-WebArena-Lite evaluators (A2): the oracle's final state scores 1; a wrong final state scores 0.
+"""Every task family's evaluator, end to end in real Chromium through the env's rollout and the WebArena
+evaluators (official ``evaluation_harness/evaluators.py``): the oracle's final state scores 1; a wrong final state
+scores 0.
 
 The wrong final state is made by a decoy: the oracle of ANOTHER instantiation of the same family (another
 product, another price, another forum ...) acts, while the episode is scored with the original task.

@@ -9,6 +9,8 @@ import httpx
 import pytest
 
 from webrl_core.config import load_config
+from webrl_core.env.browser import CHROMIUM_ARGS, BrowserPool, chromium_executable
+from webrl_core.env.web_env import WebEnv
 from webrl_core.sites.server import EmbeddedSites
 
 PAGES = {
@@ -93,7 +95,6 @@ def test_concurrent_episodes_are_isolated(sites):
 
     async def main():
         async with async_playwright() as pw:
-            from webrl_core.env.browser import CHROMIUM_ARGS, chromium_executable
             browser = await pw.chromium.launch(executable_path=chromium_executable(cfg), args=CHROMIUM_ARGS)
             a, b = await asyncio.gather(_edit_price(sites, browser, "iso-a", "10.49"),
                                         _edit_price(sites, browser, "iso-b", "99.49"))
@@ -115,9 +116,6 @@ def test_concurrent_episodes_are_isolated(sites):
 
 def test_a_reused_tab_starts_each_episode_fresh(sites):
     """WebEnv keeps its tab between embedded episodes: new cookies, fresh database copy, empty history."""
-    from webrl_core.env.browser import BrowserPool
-    from webrl_core.env.web_env import WebEnv
-
     cfg = load_config().env
     task = {"task_id": "reuse", "sites": ["shopping_admin"], "require_login": True, "intent": "edit a price",
             "start_url": "__SHOPPING_ADMIN__/product/7/edit"}

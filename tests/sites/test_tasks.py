@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+from webrl_core.sites.data import site_data
 from webrl_core.sites.families import FAMILIES
 from webrl_core.sites.tasks import TEST_COUNTS, _pools, train_tasks, vary_task
 from webrl_core.sites.tasks import test_set as held_out_set
@@ -58,5 +59,4 @@ def test_vary_task_keeps_family_and_rebuilds_the_evaluator():
         assert v["family"] == t["family"] and v["intent"] != t["intent"]
         # the evaluator is the family's, for the NEW instantiation (rebuilding it gives the same thing)
         fam = FAMILIES[v["family"]]
-        from webrl_core.sites.data import site_data
         assert fam.build(v["instantiation_dict"], site_data(0))["eval"] == v["eval"]

@@ -12,6 +12,10 @@ import statistics
 from typing import Any
 
 from webrl_core.config import WebRLSettings, load_config
+from webrl_core.env.rollout import rollout
+from webrl_core.env.scripted import RandomPolicy
+from webrl_core.sites.oracle import OraclePolicy
+from webrl_core.sites.server import EmbeddedSites
 
 
 def _env_cfg(settings: WebRLSettings | None, n_envs: int):
@@ -22,9 +26,7 @@ def _env_cfg(settings: WebRLSettings | None, n_envs: int):
 
 async def run_policy(tasks: list[dict], policy, sites, *, n_envs: int = 2, settings: WebRLSettings | None = None,
                      purpose: str = "oracle", progress: bool = True) -> list[dict]:
-    """Episodes of ``policy`` on ``tasks`` in the embedded sites ``sites`` (an started EmbeddedSites)."""
-    from webrl_core.env.rollout import rollout
-
+    """Episodes of ``policy`` on ``tasks`` in the embedded sites ``sites`` (a started EmbeddedSites)."""
     cfg = _env_cfg(settings, n_envs)
     return await rollout(tasks, policy, n_envs, cfg=cfg, hooks=sites, purpose=purpose, progress=progress)
 
@@ -64,14 +66,9 @@ def obs_stats(episodes: list[dict]) -> dict[str, dict[str, Any]]:
 def check(policy_name: str, tasks: list[dict], *, n_envs: int = 2, data_seed: int = 0, seed: int = 0,
           progress: bool = True) -> list[dict]:
     """Start the sites, run ``oracle`` or ``random`` on ``tasks``, stop the sites; return the episodes."""
-    from webrl_core.sites.oracle import OraclePolicy
-    from webrl_core.sites.server import EmbeddedSites
-
     if policy_name == "oracle":
         policy = OraclePolicy()
     elif policy_name == "random":
-        from webrl_core.env.scripted import RandomPolicy
-
         policy = RandomPolicy(seed=seed)
     else:
         raise ValueError(f"policy {policy_name!r}: allowed 'oracle' or 'random'")

@@ -9,10 +9,15 @@ each other's writes, and every episode starts from the seeded state. Copies are 
 
 Login rule: a site with accounts keeps the signed user name in its own cookie
 (``<site>_session=<user>.<hmac>``); cookies are per host, not per port, so each site has its own name.
+Handlers marked ``@login_required`` send anonymous visitors to ``/login?next=<path>``.
+
+Handlers are module-level Starlette endpoints; the app factory (``server.build_app``) puts the site's ``SiteKit``
+on ``app.state.kit``, where ``site_kit(request)`` finds it.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -21,12 +26,13 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable, NamedTuple
 from urllib.parse import parse_qs
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
 
 EPISODE_COOKIE = "webrl_episode"
 DEFAULT_EPISODE = "default"
@@ -143,29 +149,69 @@ class SiteKit:
         rows = con.execute(f"{sql} LIMIT ? OFFSET ?", params + (self.page_size, (page - 1) * self.page_size)).fetchall()
         return rows, pages
 
-    # -- login
-    def login_routes(self, home: str = "/") -> list[tuple[str, Callable, list[str]]]:
-        async def login(request: Request):
-            if request.method == "GET":
-                return self.render(request, "login.html", error=None, next=request.query_params.get("next", home))
-            form = await form_data(request)
-            name, pw = form.get("username", "").strip(), form.get("password", "")
-            if self.accounts.get(name) != pw:
-                return self.render(request, "login.html", status=401, error="Invalid username or password.",
-                                   next=form.get("next", home))
-            resp = self.redirect(form.get("next") or home)
-            resp.set_cookie(self.session_cookie, sign(self.secret, name), httponly=True, samesite="lax")
-            return resp
 
-        async def logout(request: Request):
-            resp = self.redirect(home)
-            resp.delete_cookie(self.session_cookie)
-            return resp
+class SiteApp(NamedTuple):
+    """How one embedded site is served: its routes, its login cookie (None: no login), its accounts
+    ({username: password}) and the URL placeholder its tasks use."""
 
-        return [("/login", login, ["GET", "POST"]), ("/logout", logout, ["GET", "POST"])]
+    routes: list[Route]
+    session_cookie: str | None
+    accounts: dict[str, str]
+    placeholder: str
 
-    def require_login(self, request: Request):
-        """A redirect to the login page when nobody is logged in, else None."""
-        if self.session_cookie and not self.user(request):
-            return self.redirect(f"/login?next={request.url.path}")
-        return None
+
+Handler = Callable[[Request], Awaitable[Response]]
+HOME = "/"
+
+
+def site_kit(request: Request) -> SiteKit:
+    """The kit of the site that serves ``request`` (``build_app`` puts it on the app's state)."""
+    return request.app.state.kit
+
+
+def login_required(handler: Handler) -> Handler:
+    """``handler`` behind the site's login: anonymous visitors are redirected to ``/login?next=<path>``."""
+
+    @functools.wraps(handler)
+    async def guarded(request: Request) -> Response:
+        kit = site_kit(request)
+        if kit.session_cookie and not kit.user(request):
+            return kit.redirect(f"/login?next={request.url.path}")
+        return await handler(request)
+
+    return guarded
+
+
+async def login(request: Request) -> Response:
+    """The login form (GET) and its check (POST): a right password sets the signed session cookie."""
+    kit = site_kit(request)
+    if request.method == "GET":
+        return kit.render(request, "login.html", error=None, next=request.query_params.get("next", HOME))
+    form = await form_data(request)
+    name, pw = form.get("username", "").strip(), form.get("password", "")
+    if kit.accounts.get(name) != pw:
+        return kit.render(request, "login.html", status=401, error="Invalid username or password.",
+                          next=form.get("next", HOME))
+    resp = kit.redirect(form.get("next") or HOME)
+    resp.set_cookie(kit.session_cookie, sign(kit.secret, name), httponly=True, samesite="lax")
+    return resp
+
+
+async def logout(request: Request) -> Response:
+    kit = site_kit(request)
+    resp = kit.redirect(HOME)
+    resp.delete_cookie(kit.session_cookie)
+    return resp
+
+
+async def stylesheet(request: Request) -> Response:
+    """The site's CSS (``build_app`` reads it once into the app's state)."""
+    return Response(request.app.state.css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+
+async def favicon(request: Request) -> Response:
+    return Response(b"", media_type="image/x-icon")
+
+
+STATIC_ROUTES = [Route("/static/style.css", stylesheet), Route("/favicon.ico", favicon)]
+LOGIN_ROUTES = [Route("/login", login, methods=["GET", "POST"]), Route("/logout", logout, methods=["GET", "POST"])]

@@ -1,13 +1,19 @@
 """Task families of the embedded sites: parameterised WebArena-Lite tasks with verifiable evaluators and oracles.
 
-A family is (site, intent phrasings, instantiation space, builder, oracle):
+A family is a named class (as BrowserGym makes each task a class) that owns its setup, its validation and its
+solution; ``@register`` puts one instance of it in ``FAMILIES``:
 
-  - ``instances(data)``: every instantiation (a JSON-able dict) the seeded data supports, in a fixed order;
-  - ``build(inst, data)``: ``start_url`` + ``eval`` (string_match / url_match / program_html) for one instantiation,
+  - setup: ``site``, ``start_url``, intent ``templates`` (``str.format(**inst)``) and ``instances(data)``, every
+    instantiation (a JSON-able dict) the seeded data supports, in a fixed order;
+  - validation: ``evaluator(inst, data)``, the task config's ``eval`` in the official WebArena format
+    (``string_match`` / ``url_match`` / ``program_html``, scored by ``evaluation_harness/evaluators.py``),
     computed from the same seeded rows the site serves, so the reference answer is right by construction;
-  - ``oracle(inst, page)``: the next action of a scripted expert, decided from the CURRENT page only (its URL
-    and its simplified-HTML observation), so it recovers from any state and its responses are valid
+    ``build(inst, data)`` gives ``start_url`` + ``eval`` together;
+  - solution: ``oracle(inst, page)``, the next action of a scripted expert, decided from the CURRENT page only
+    (its URL and its simplified-HTML observation), so it recovers from any state and its responses are valid
     demonstrations in the agent's grammar (``# Element: ...`` then ``do(...)``/``exit(...)``).
+
+Registry order (definition order) fixes the held-out test set and ``intent_template_id`` (see ``tasks``).
 
 Split rule: the instantiations of a family are ordered by a stable hash; the first ``test_quota`` are the
 held-out test pool, the rest the training pool (so test and training instantiations are disjoint).
@@ -17,8 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable
 from urllib.parse import parse_qs, urlsplit
 
 from webrl_core.env.observation import find_element, labelled_elements, parse_observation_elements
@@ -145,16 +151,31 @@ def click_link(page: PageView, text: str, exact: bool = True) -> str:
 
 # --------------------------------------------------------------------------- family registry
 
-@dataclass
-class Family:
-    name: str
+class Family(ABC):
+    """A task family: its site and phrasings, its instantiations, its evaluator and its scripted expert."""
+
+    name: str                                  # "<site>.<what>": the ``family`` field of its tasks
     site: str
-    templates: list[str]                       # intent phrasings; str.format(**inst)
-    instances: Callable[[dict], list[dict]]
-    build: Callable[[dict, dict], dict]        # -> {"start_url", "eval"}
-    oracle: Callable[[dict, PageView], str]
-    test_quota: int
-    template_key: str | None = None            # inst key that selects the phrasing group (see _phrasings)
+    start_url: str                             # the site's URL placeholder: every task starts on its home page
+    templates: list[str]                       # intent phrasings; str.format(**inst); "<group>|..." with template_key
+    test_quota: int                            # how many of its instantiations are held out for the test set
+    template_key: str | None = None            # inst key that selects the phrasing group (see ``phrasings``)
+
+    @abstractmethod
+    def instances(self, d: dict) -> list[dict]:
+        """Every instantiation the seeded data ``d`` (``data.site_data``) supports, in a fixed order."""
+
+    @abstractmethod
+    def evaluator(self, inst: dict, d: dict) -> dict:
+        """The ``eval`` config (WebArena format) that scores a task of this instantiation."""
+
+    @abstractmethod
+    def oracle(self, inst: dict, page: PageView) -> str:
+        """The scripted expert's next response on ``page``."""
+
+    def build(self, inst: dict, d: dict) -> dict:
+        """The task config's ``start_url`` and ``eval`` for one instantiation."""
+        return {"start_url": self.start_url, "eval": self.evaluator(inst, d)}
 
     def phrasings(self, inst: dict) -> list[str]:
         if self.template_key is None:
@@ -163,13 +184,15 @@ class Family:
 
 
 FAMILIES: dict[str, Family] = {}
+"""family name -> the family; in definition order, which fixes the test set and ``intent_template_id``."""
 
 
-def family(name, site, templates, test_quota, template_key=None):
-    def wrap(cls):
-        FAMILIES[name] = Family(name, site, templates, cls.instances, cls.build, cls.oracle, test_quota, template_key)
-        return cls
-    return wrap
+def register(cls: type[Family]) -> type[Family]:
+    """Class decorator: add an instance of the family class to ``FAMILIES``."""
+    if cls.name in FAMILIES:
+        raise ValueError(f"task family {cls.name!r} is defined twice")
+    FAMILIES[cls.name] = cls()
+    return cls
 
 
 def ev_string(answer: str | list[str], how: str = "must_include") -> dict:
@@ -205,6 +228,12 @@ SHOP_SEARCH = "Search entire store here..."
 # --------------------------------------------------------------------------- shopping
 
 
+class ShoppingFamily(Family):
+    """A family of the shopping site; its tasks start on the home page."""
+
+    site, start_url = "shopping", "__SHOPPING__"
+
+
 def _shop_to_product(page: PageView, product: str) -> str | None:
     """None when already on the product's page, else the next action to get there."""
     h1 = [e for e in parse_observation_elements(page.html) if e.tag == "h1"]
@@ -213,17 +242,22 @@ def _shop_to_product(page: PageView, product: str) -> str | None:
     return search_then_click(page, product, SHOP_SEARCH, product)
 
 
-@family("shopping.product_price", "shopping", ["What is the price of {product}?", "How much does the {product} cost?",
-                                                 "Tell me the price of the {product}."], 9)
-class _:
-    instances = staticmethod(lambda d: [{"product": p["name"]} for p in _enabled(d)])
+@register
+class ShoppingProductPrice(ShoppingFamily):
+    """Ask for a product's price; read it from the product page (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
-        return {"start_url": "__SHOPPING__", "eval": ev_string(f"{_prod_by_name(d, inst['product'])['price']:.2f}")}
+    name = "shopping.product_price"
+    templates = ["What is the price of {product}?", "How much does the {product} cost?",
+                 "Tell me the price of the {product}."]
+    test_quota = 9
 
-    @staticmethod
-    def oracle(inst, page):
+    def instances(self, d):
+        return [{"product": p["name"]} for p in _enabled(d)]
+
+    def evaluator(self, inst, d):
+        return ev_string(f"{_prod_by_name(d, inst['product'])['price']:.2f}")
+
+    def oracle(self, inst, page):
         nxt = _shop_to_product(page, inst["product"])
         if nxt:
             return nxt
@@ -231,19 +265,24 @@ class _:
         return finish(price.split()[0] if price else "unknown", f"The product page shows the price {price}")
 
 
-@family("shopping.review_count", "shopping", ["How many reviews does {product} have?",
-                                               "Count the customer reviews of the {product}."], 8)
-class _:
-    instances = staticmethod(lambda d: [{"product": p["name"]} for p in _enabled(d)])
+@register
+class ShoppingReviewCount(ShoppingFamily):
+    """Ask how many reviews a product has; count them on the product page (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "shopping.review_count"
+    templates = ["How many reviews does {product} have?",
+                 "Count the customer reviews of the {product}."]
+    test_quota = 8
+
+    def instances(self, d):
+        return [{"product": p["name"]} for p in _enabled(d)]
+
+    def evaluator(self, inst, d):
         pid = _prod_by_name(d, inst["product"])["id"]
         n = sum(1 for r in d["shopping"]["reviews"] if r["product_id"] == pid)
-        return {"start_url": "__SHOPPING__", "eval": ev_string(str(n))}
+        return ev_string(str(n))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         nxt = _shop_to_product(page, inst["product"])
         if nxt:
             return nxt
@@ -252,22 +291,26 @@ class _:
         return finish(n, f"The page says {n} reviews")
 
 
-@family("shopping.category_nav", "shopping",
-        ["1|Open the {category} category.", "1|Show me the products in the {category} category.",
-         "2|Go to page 2 of the {category} category.", "2|Show me the second page of the {category} category."],
-        5, template_key="page")
-class _:
-    instances = staticmethod(lambda d: [{"category": c["name"], "page": pg} for c in d["shopping"]["categories"]
-                                        for pg in (1, 2)])
+@register
+class ShoppingCategoryNav(ShoppingFamily):
+    """Open a category, or its second page (url_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "shopping.category_nav"
+    templates = ["1|Open the {category} category.", "1|Show me the products in the {category} category.",
+                 "2|Go to page 2 of the {category} category.", "2|Show me the second page of the {category} category."]
+    test_quota = 5
+    template_key = "page"
+
+    def instances(self, d):
+        return [{"category": c["name"], "page": pg} for c in d["shopping"]["categories"]
+                for pg in (1, 2)]
+
+    def evaluator(self, inst, d):
         slug = next(c["slug"] for c in d["shopping"]["categories"] if c["name"] == inst["category"])
         url = f"__SHOPPING__/category/{slug}" + ("?page=2" if inst["page"] == 2 else "")
-        return {"start_url": "__SHOPPING__", "eval": ev_url(url)}
+        return ev_url(url)
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         on_cat = page.path.startswith("/category/") and inst["category"] in page.text()
         if not on_cat:
             home = link(page, "One Stop Market")
@@ -278,17 +321,22 @@ class _:
         return finish("Done", f"This is the {inst['category']} category" + (", page 2" if inst["page"] == 2 else ""))
 
 
-@family("shopping.add_to_cart", "shopping", ["Add {product} to my shopping cart.", "Put the {product} in my cart."], 8)
-class _:
-    instances = staticmethod(lambda d: [{"product": p["name"]} for p in _enabled(d)])
+@register
+class ShoppingAddToCart(ShoppingFamily):
+    """Put a product in the cart (program_html on the cart page)."""
 
-    @staticmethod
-    def build(inst, d):
-        return {"start_url": "__SHOPPING__", "eval": ev_html(
-            ("__SHOPPING__/cart", "document.querySelector('#cart').outerText", {"must_include": [inst["product"]]}))}
+    name = "shopping.add_to_cart"
+    templates = ["Add {product} to my shopping cart.", "Put the {product} in my cart."]
+    test_quota = 8
 
-    @staticmethod
-    def oracle(inst, page):
+    def instances(self, d):
+        return [{"product": p["name"]} for p in _enabled(d)]
+
+    def evaluator(self, inst, d):
+        return ev_html(
+            ("__SHOPPING__/cart", "document.querySelector('#cart').outerText", {"must_include": [inst["product"]]}))
+
+    def oracle(self, inst, page):
         nxt = _shop_to_product(page, inst["product"])
         if nxt:
             return nxt
@@ -298,18 +346,23 @@ class _:
         return do("Click", b) if b else scroll_or_fail(page, "no Add to Cart button")
 
 
-@family("shopping.order_status", "shopping", ["What is the status of my order #{number}?",
-                                               "Check the status of order number {number}."], 7)
-class _:
-    instances = staticmethod(lambda d: [{"number": o["number"]} for o in d["shopping"]["orders"]])
+@register
+class ShoppingOrderStatus(ShoppingFamily):
+    """Ask the status of one of the customer's orders (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "shopping.order_status"
+    templates = ["What is the status of my order #{number}?",
+                 "Check the status of order number {number}."]
+    test_quota = 7
+
+    def instances(self, d):
+        return [{"number": o["number"]} for o in d["shopping"]["orders"]]
+
+    def evaluator(self, inst, d):
         o = next(o for o in d["shopping"]["orders"] if o["number"] == inst["number"])
-        return {"start_url": "__SHOPPING__", "eval": ev_string(o["status"])}
+        return ev_string(o["status"])
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         if page.path == f"/order/{inst['number']}":
             status = page.text().split("Status: ")[1].split(" |")[0].strip() if "Status: " in page.text() else ""
             return finish(status, f"Order {inst['number']} is {status}")
@@ -319,24 +372,30 @@ class _:
         return click_link(page, "My Orders")
 
 
-@family("shopping.checkout", "shopping", ["1|Buy {product} with flat rate shipping.",
-                                          "1|Order the {product} using the flat rate shipping.",
-                                          "2|Buy {product} with express shipping.",
-                                          "2|Order the {product} using express shipping."], 9, template_key="express")
-class _:
-    instances = staticmethod(lambda d: [{"product": p["name"], "express": e} for p in _enabled(d) for e in (1, 2)])
+@register
+class ShoppingCheckout(ShoppingFamily):
+    """Buy a product with flat-rate or express shipping (program_html on the new order page)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "shopping.checkout"
+    templates = ["1|Buy {product} with flat rate shipping.",
+                 "1|Order the {product} using the flat rate shipping.",
+                 "2|Buy {product} with express shipping.",
+                 "2|Order the {product} using express shipping."]
+    test_quota = 9
+    template_key = "express"
+
+    def instances(self, d):
+        return [{"product": p["name"], "express": e} for p in _enabled(d) for e in (1, 2)]
+
+    def evaluator(self, inst, d):
         p = _prod_by_name(d, inst["product"])
         total = f"{p['price'] + (15.0 if inst['express'] == 2 else 5.0):.2f}"
-        return {"start_url": "__SHOPPING__", "eval": ev_html(
+        return ev_html(
             ("last", "document.querySelector('#items').outerText", {"must_include": [inst["product"]]}),
             ("last", "document.querySelector('h1').outerText + ' ' + document.querySelector('#order-total').outerText",
-             {"must_include": ["Order #", total]}))}
+             {"must_include": ["Order #", total]}))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         ship = "Express" if inst["express"] == 2 else "Flat Rate"
         if page.path.startswith("/order/"):
             return finish("Done", "The order was placed")
@@ -361,6 +420,12 @@ class _:
 
 # --------------------------------------------------------------------------- shopping_admin
 
+class ShoppingAdminFamily(Family):
+    """A family of the shop administration site; its tasks start on the home page."""
+
+    site, start_url = "shopping_admin", "__SHOPPING_ADMIN__"
+
+
 def _admin_grid(page: PageView, menu: str, grid_path: str, query: str, placeholder: str) -> str | None:
     """Navigate to ``grid_path`` filtered by ``query``; None once there."""
     if page.path != grid_path:
@@ -377,18 +442,22 @@ def _admin_products(d):
     return d["shopping_admin"]["products"]
 
 
-@family("shopping_admin.product_stock", "shopping_admin",
-        ["How many units of {product} are in stock?", "What is the stock quantity of {product}?"], 7)
-class _:
-    instances = staticmethod(lambda d: [{"product": p["name"]} for p in _admin_products(d)])
+@register
+class ShoppingAdminProductStock(ShoppingAdminFamily):
+    """Ask a product's stock quantity; read it from the product grid (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "shopping_admin.product_stock"
+    templates = ["How many units of {product} are in stock?", "What is the stock quantity of {product}?"]
+    test_quota = 7
+
+    def instances(self, d):
+        return [{"product": p["name"]} for p in _admin_products(d)]
+
+    def evaluator(self, inst, d):
         p = next(p for p in _admin_products(d) if p["name"] == inst["product"])
-        return {"start_url": "__SHOPPING_ADMIN__", "eval": ev_string(str(p["stock"]))}
+        return ev_string(str(p["stock"]))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         nxt = _admin_grid(page, "Catalog", "/products", inst["product"], "Search by keyword")
         if nxt:
             return nxt
@@ -400,26 +469,28 @@ class _:
         return scroll_or_fail(page, "product row not visible")
 
 
-@family("shopping_admin.update_price", "shopping_admin",
-        ["Change the price of {product} to ${price}.", "Set the price of the {product} to {price} dollars."], 6)
-class _:
-    @staticmethod
-    def instances(d):
+@register
+class ShoppingAdminUpdatePrice(ShoppingAdminFamily):
+    """Change a product's price in its edit form (program_html on the form)."""
+
+    name = "shopping_admin.update_price"
+    templates = ["Change the price of {product} to ${price}.", "Set the price of the {product} to {price} dollars."]
+    test_quota = 6
+
+    def instances(self, d):
         out = []
         for p in _admin_products(d):
             for k in (0.5, 0.8, 1.25):
                 out.append({"product": p["name"], "price": f"{round(p['price'] * k) + 0.49:.2f}"})
         return out
 
-    @staticmethod
-    def build(inst, d):
+    def evaluator(self, inst, d):
         p = next(p for p in _admin_products(d) if p["name"] == inst["product"])
-        return {"start_url": "__SHOPPING_ADMIN__", "eval": ev_html(
+        return ev_html(
             (f"__SHOPPING_ADMIN__/product/{p['id']}/edit", "document.querySelector('#price').value",
-             {"exact_match": inst["price"]}))}
+             {"exact_match": inst["price"]}))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         if page.path.endswith("/edit"):
             price = field(page, "Price")
             if price is None:
@@ -442,17 +513,21 @@ def _admin_order(d, number):
     return o, c
 
 
-@family("shopping_admin.order_customer", "shopping_admin",
-        ["Who placed order #{number}?", "What is the name of the customer of order {number}?"], 6)
-class _:
-    instances = staticmethod(lambda d: [{"number": o["number"]} for o in d["shopping_admin"]["orders"]])
+@register
+class ShoppingAdminOrderCustomer(ShoppingAdminFamily):
+    """Ask who placed an order; read it from the order grid (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
-        return {"start_url": "__SHOPPING_ADMIN__", "eval": ev_string(_admin_order(d, inst["number"])[1]["name"])}
+    name = "shopping_admin.order_customer"
+    templates = ["Who placed order #{number}?", "What is the name of the customer of order {number}?"]
+    test_quota = 6
 
-    @staticmethod
-    def oracle(inst, page):
+    def instances(self, d):
+        return [{"number": o["number"]} for o in d["shopping_admin"]["orders"]]
+
+    def evaluator(self, inst, d):
+        return ev_string(_admin_order(d, inst["number"])[1]["name"])
+
+    def oracle(self, inst, page):
         nxt = _admin_grid(page, "Sales", "/orders", inst["number"], "Search by order # or customer")
         if nxt:
             return nxt
@@ -464,18 +539,22 @@ class _:
         return scroll_or_fail(page, "order row not visible")
 
 
-@family("shopping_admin.customer_nav", "shopping_admin",
-        ["Open the customer page of {name}.", "Show me the account of the customer {name}."], 7)
-class _:
-    instances = staticmethod(lambda d: [{"name": c["name"]} for c in d["shopping_admin"]["customers"]])
+@register
+class ShoppingAdminCustomerNav(ShoppingAdminFamily):
+    """Open a customer's page (url_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "shopping_admin.customer_nav"
+    templates = ["Open the customer page of {name}.", "Show me the account of the customer {name}."]
+    test_quota = 7
+
+    def instances(self, d):
+        return [{"name": c["name"]} for c in d["shopping_admin"]["customers"]]
+
+    def evaluator(self, inst, d):
         c = next(c for c in d["shopping_admin"]["customers"] if c["name"] == inst["name"])
-        return {"start_url": "__SHOPPING_ADMIN__", "eval": ev_url(f"__SHOPPING_ADMIN__/customer/{c['id']}")}
+        return ev_url(f"__SHOPPING_ADMIN__/customer/{c['id']}")
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         if page.path.startswith("/customer/"):
             return finish("Done", f"This is {inst['name']}'s page")
         nxt = _admin_grid(page, "Customers", "/customers", inst["name"], "Search by name or email")
@@ -499,13 +578,19 @@ def _report(d, month):
     return best, f"{sum(o['total'] for o in ok.values()):.2f}", str(len(ok))
 
 
-@family("shopping_admin.sales_report", "shopping_admin",
-        ["best|Which product sold the most units in {month}?", "best|What was the bestselling product in {month}?",
-         "revenue|What was the revenue in {month}?", "revenue|How much revenue did the store make in {month}?",
-         "orders|How many orders (not canceled) were placed in {month}?"], 4, template_key="metric")
-class _:
-    @staticmethod
-    def instances(d):
+@register
+class ShoppingAdminSalesReport(ShoppingAdminFamily):
+    """Ask a month's bestseller, revenue or order count from the reports page (string_match)."""
+
+    name = "shopping_admin.sales_report"
+    templates = ["best|Which product sold the most units in {month}?",
+                 "best|What was the bestselling product in {month}?",
+                 "revenue|What was the revenue in {month}?", "revenue|How much revenue did the store make in {month}?",
+                 "orders|How many orders (not canceled) were placed in {month}?"]
+    test_quota = 4
+    template_key = "metric"
+
+    def instances(self, d):
         out = []
         for m in MONTHS:
             for metric in ("best", "revenue", "orders"):
@@ -514,15 +599,12 @@ class _:
                 out.append({"month": MONTH_NAMES[m], "metric": metric})
         return out
 
-    @staticmethod
-    def build(inst, d):
+    def evaluator(self, inst, d):
         m = next(k for k, v in MONTH_NAMES.items() if v == inst["month"])
         best, rev, n = _report(d, m)
-        return {"start_url": "__SHOPPING_ADMIN__",
-                "eval": ev_string({"best": best, "revenue": rev, "orders": n}[inst["metric"]])}
+        return ev_string({"best": best, "revenue": rev, "orders": n}[inst["metric"]])
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         if page.path != "/reports":
             return click_link(page, "Reports")
         sel = select_with(page, inst["month"])
@@ -543,22 +625,24 @@ class _:
         return finish(cells[1] if cells else "unknown", "Rank 1 of the bestsellers")
 
 
-@family("shopping_admin.order_status_update", "shopping_admin",
-        ["Change the status of order #{number} to {status}.", "Mark order {number} as {status}."], 6)
-class _:
-    @staticmethod
-    def instances(d):
+@register
+class ShoppingAdminOrderStatusUpdate(ShoppingAdminFamily):
+    """Change an order's status (program_html on the order page)."""
+
+    name = "shopping_admin.order_status_update"
+    templates = ["Change the status of order #{number} to {status}.", "Mark order {number} as {status}."]
+    test_quota = 6
+
+    def instances(self, d):
         return [{"number": o["number"], "status": s} for o in d["shopping_admin"]["orders"]
                 for s in ("Shipped", "Complete", "Canceled") if s != o["status"]]
 
-    @staticmethod
-    def build(inst, d):
-        return {"start_url": "__SHOPPING_ADMIN__", "eval": ev_html(
+    def evaluator(self, inst, d):
+        return ev_html(
             (f"__SHOPPING_ADMIN__/order/{inst['number']}", "document.querySelector('#order-status').outerText",
-             {"exact_match": inst["status"]}))}
+             {"exact_match": inst["status"]}))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         if page.path == f"/order/{inst['number']}":
             if "status was updated" in page.html and f"Status {inst['status']}" in page.text():
                 return finish("Done", f"Order {inst['number']} is {inst['status']}")
@@ -576,6 +660,12 @@ class _:
 
 
 # --------------------------------------------------------------------------- reddit
+
+class RedditFamily(Family):
+    """A family of the forum; its tasks start on the home page."""
+
+    site, start_url = "reddit", "__REDDIT__"
+
 
 def _front_posts(d, per_page=10):
     """Posts on page 1 of their forum (newest first), which the forum page shows without paging."""
@@ -601,31 +691,41 @@ def _to_post(page: PageView, forum: str, title: str) -> str | None:
     return _to_forum(page, forum) or click_link(page, title)
 
 
-@family("reddit.forum_nav", "reddit", ["Go to the {forum} forum.", "Open the forum about {forum}."], 3)
-class _:
-    instances = staticmethod(lambda d: [{"forum": f["name"]} for f in d["reddit"]["forums"]])
+@register
+class RedditForumNav(RedditFamily):
+    """Open a forum (url_match)."""
 
-    @staticmethod
-    def build(inst, d):
-        return {"start_url": "__REDDIT__", "eval": ev_url(f"__REDDIT__/f/{inst['forum']}")}
+    name = "reddit.forum_nav"
+    templates = ["Go to the {forum} forum.", "Open the forum about {forum}."]
+    test_quota = 3
 
-    @staticmethod
-    def oracle(inst, page):
+    def instances(self, d):
+        return [{"forum": f["name"]} for f in d["reddit"]["forums"]]
+
+    def evaluator(self, inst, d):
+        return ev_url(f"__REDDIT__/f/{inst['forum']}")
+
+    def oracle(self, inst, page):
         return _to_forum(page, inst["forum"]) or finish("Done", f"This is f/{inst['forum']}")
 
 
-@family("reddit.post_author", "reddit", ["Who posted '{title}' in the {forum} forum?",
-                                         "In f/{forum}, what is the username of the author of '{title}'?"], 5)
-class _:
-    instances = staticmethod(lambda d: [{"forum": p["forum"], "title": p["title"]} for p in _front_posts(d)])
+@register
+class RedditPostAuthor(RedditFamily):
+    """Ask who posted a submission; read it from the forum listing (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "reddit.post_author"
+    templates = ["Who posted '{title}' in the {forum} forum?",
+                 "In f/{forum}, what is the username of the author of '{title}'?"]
+    test_quota = 5
+
+    def instances(self, d):
+        return [{"forum": p["forum"], "title": p["title"]} for p in _front_posts(d)]
+
+    def evaluator(self, inst, d):
         p = next(p for p in d["reddit"]["posts"] if p["title"] == inst["title"])
-        return {"start_url": "__REDDIT__", "eval": ev_string(p["author"])}
+        return ev_string(p["author"])
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         nxt = _to_forum(page, inst["forum"])
         if nxt:
             return nxt
@@ -637,22 +737,28 @@ class _:
         return scroll_or_fail(page, "post not visible")
 
 
-@family("reddit.vote", "reddit", ["1|Upvote the post '{title}' in f/{forum}.",
-                                  "1|Give an upvote to '{title}' in the {forum} forum.",
-                                  "-1|Downvote the post '{title}' in f/{forum}."], 4, template_key="dir")
-class _:
-    instances = staticmethod(lambda d: [{"forum": p["forum"], "title": p["title"], "dir": v}
-                                        for p in _front_posts(d) for v in (1, -1)])
+@register
+class RedditVote(RedditFamily):
+    """Upvote or downvote a submission (program_html on the post page)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "reddit.vote"
+    templates = ["1|Upvote the post '{title}' in f/{forum}.",
+                 "1|Give an upvote to '{title}' in the {forum} forum.",
+                 "-1|Downvote the post '{title}' in f/{forum}."]
+    test_quota = 4
+    template_key = "dir"
+
+    def instances(self, d):
+        return [{"forum": p["forum"], "title": p["title"], "dir": v}
+                for p in _front_posts(d) for v in (1, -1)]
+
+    def evaluator(self, inst, d):
         p = next(p for p in d["reddit"]["posts"] if p["title"] == inst["title"])
-        return {"start_url": "__REDDIT__", "eval": ev_html(
+        return ev_html(
             (f"__REDDIT__/f/{p['forum']}/{p['id']}", "document.querySelector('#post-vote').dataset.voted",
-             {"exact_match": str(inst["dir"])}))}
+             {"exact_match": str(inst["dir"])}))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         nxt = _to_post(page, inst["forum"], inst["title"])
         if nxt:
             return nxt
@@ -662,24 +768,27 @@ class _:
         return do("Click", b) if b else scroll_or_fail(page, "no vote button")
 
 
-@family("reddit.comment", "reddit", ["Reply to the post '{title}' in f/{forum} with \"{text}\".",
-                                     "Comment \"{text}\" on '{title}' in the {forum} forum."], 4)
-class _:
-    @staticmethod
-    def instances(d):
+@register
+class RedditComment(RedditFamily):
+    """Comment on a submission (program_html on the post page)."""
+
+    name = "reddit.comment"
+    templates = ["Reply to the post '{title}' in f/{forum} with \"{text}\".",
+                 "Comment \"{text}\" on '{title}' in the {forum} forum."]
+    test_quota = 4
+
+    def instances(self, d):
         texts = ["Great point, thanks!", "I learned something new today.", "Could you share a source?",
                  "Following this thread.", "Same here, welcome aboard."]
         return [{"forum": p["forum"], "title": p["title"], "text": t} for p in _front_posts(d) for t in texts]
 
-    @staticmethod
-    def build(inst, d):
+    def evaluator(self, inst, d):
         p = next(p for p in d["reddit"]["posts"] if p["title"] == inst["title"])
-        return {"start_url": "__REDDIT__", "eval": ev_html(
+        return ev_html(
             (f"__REDDIT__/f/{p['forum']}/{p['id']}", "document.querySelector('#comments').outerText",
-             {"must_include": [f"MarvelsGrantMan136: {inst['text']}"]}))}
+             {"must_include": [f"MarvelsGrantMan136: {inst['text']}"]}))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         nxt = _to_post(page, inst["forum"], inst["title"])
         if nxt:
             return nxt
@@ -693,23 +802,26 @@ class _:
         return do("Click", button(page, "Post"))
 
 
-@family("reddit.submit", "reddit", ["Create a post titled '{title}' in the {forum} forum.",
-                                    "Submit a new post to f/{forum} with the title '{title}'."], 4)
-class _:
-    @staticmethod
-    def instances(d):
+@register
+class RedditSubmit(RedditFamily):
+    """Create a submission in a forum (program_html on the forum page)."""
+
+    name = "reddit.submit"
+    templates = ["Create a post titled '{title}' in the {forum} forum.",
+                 "Submit a new post to f/{forum} with the title '{title}'."]
+    test_quota = 4
+
+    def instances(self, d):
         titles = ["Weekly discussion thread", "Share your recent wins", "Beginner questions welcome here",
                   "What are you working on this month?", "Rate my setup"]
         return [{"forum": f["name"], "title": t} for f in d["reddit"]["forums"] for t in titles]
 
-    @staticmethod
-    def build(inst, d):
-        return {"start_url": "__REDDIT__", "eval": ev_html(
+    def evaluator(self, inst, d):
+        return ev_html(
             (f"__REDDIT__/f/{inst['forum']}", "document.querySelector('.posts').outerText",
-             {"must_include": [inst["title"]]}))}
+             {"must_include": [inst["title"]]}))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         h1 = [e for e in parse_observation_elements(page.html) if e.tag == "h1"]
         if page.path.startswith(f"/f/{inst['forum']}/") and h1 and h1[0].text == inst["title"]:
             return finish("Done", "The post is created")
@@ -727,6 +839,12 @@ class _:
 
 
 # --------------------------------------------------------------------------- gitlab
+
+class GitlabFamily(Family):
+    """A family of the code-hosting site; its tasks start on the home page."""
+
+    site, start_url = "gitlab", "__GITLAB__"
+
 
 def _proj(d, name):
     return next(p for p in d["gitlab"]["projects"] if p["name"] == name)
@@ -757,19 +875,24 @@ def _in_project(page: PageView, project: str, menu: str, suffix: str) -> str | N
     return _to_project(page, project)
 
 
-@family("gitlab.open_issue_count", "gitlab", ["How many open issues does the {project} project have?",
-                                              "Count the open issues of {project}."], 7)
-class _:
-    instances = staticmethod(lambda d: [{"project": p["name"]} for p in d["gitlab"]["projects"]])
+@register
+class GitlabOpenIssueCount(GitlabFamily):
+    """Ask how many open issues a project has; read it from its overview (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "gitlab.open_issue_count"
+    templates = ["How many open issues does the {project} project have?",
+                 "Count the open issues of {project}."]
+    test_quota = 7
+
+    def instances(self, d):
+        return [{"project": p["name"]} for p in d["gitlab"]["projects"]]
+
+    def evaluator(self, inst, d):
         pid = _proj(d, inst["project"])["id"]
         n = sum(1 for i in d["gitlab"]["issues"] if i["project_id"] == pid and i["state"] == "opened")
-        return {"start_url": "__GITLAB__", "eval": ev_string(str(n))}
+        return ev_string(str(n))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         nxt = _to_project(page, inst["project"])
         if nxt:
             return nxt
@@ -778,40 +901,48 @@ class _:
         return finish(n, f"The overview shows {n} open issues")
 
 
-@family("gitlab.mr_nav", "gitlab", ["Open the merge requests of {project}.",
-                                    "Show me the open merge requests in the {project} repository."], 7)
-class _:
-    instances = staticmethod(lambda d: [{"project": p["name"]} for p in d["gitlab"]["projects"]])
+@register
+class GitlabMergeRequestsNav(GitlabFamily):
+    """Open a project's merge requests (url_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "gitlab.mr_nav"
+    templates = ["Open the merge requests of {project}.",
+                 "Show me the open merge requests in the {project} repository."]
+    test_quota = 7
+
+    def instances(self, d):
+        return [{"project": p["name"]} for p in d["gitlab"]["projects"]]
+
+    def evaluator(self, inst, d):
         p = _proj(d, inst["project"])
-        return {"start_url": "__GITLAB__", "eval": ev_url(f"__GITLAB__/{p['namespace']}/{p['name']}/-/merge_requests")}
+        return ev_url(f"__GITLAB__/{p['namespace']}/{p['name']}/-/merge_requests")
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         return (_in_project(page, inst["project"], "Merge requests", "/-/merge_requests")
                 or finish("Done", "These are the merge requests"))
 
 
-@family("gitlab.create_issue", "gitlab", ["Create an issue titled '{title}' in the {project} project.",
-                                          "Open a new issue in {project} called '{title}'."], 7)
-class _:
-    @staticmethod
-    def instances(d):
+@register
+class GitlabCreateIssue(GitlabFamily):
+    """Create an issue in a project (program_html on its issue list)."""
+
+    name = "gitlab.create_issue"
+    templates = ["Create an issue titled '{title}' in the {project} project.",
+                 "Open a new issue in {project} called '{title}'."]
+    test_quota = 7
+
+    def instances(self, d):
         titles = ["Update the installation guide", "Crash on empty input", "Add a dark theme",
                   "Support Python 3.12", "Broken link in the docs"]
         return [{"project": p["name"], "title": t} for p in d["gitlab"]["projects"] for t in titles]
 
-    @staticmethod
-    def build(inst, d):
+    def evaluator(self, inst, d):
         p = _proj(d, inst["project"])
-        return {"start_url": "__GITLAB__", "eval": ev_html(
+        return ev_html(
             (f"__GITLAB__/{p['namespace']}/{p['name']}/-/issues", "document.querySelector('.issues').outerText",
-             {"must_include": [inst["title"]]}))}
+             {"must_include": [inst["title"]]}))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         parts = page.path.strip("/").split("/")
         if "/-/issues/" in page.path and parts[-1].isdigit() and inst["title"] in page.text():
             return finish("Done", "The issue is created")
@@ -825,11 +956,16 @@ class _:
         return _in_project(page, inst["project"], "Issues", "/-/issues") or click_link(page, "New issue")
 
 
-@family("gitlab.add_member", "gitlab", ["Add {user} to the {project} project as {role}.",
-                                        "Invite {user} to {project} with the {role} role."], 6)
-class _:
-    @staticmethod
-    def instances(d):
+@register
+class GitlabAddMember(GitlabFamily):
+    """Add a user to a project with a role (program_html on its members page)."""
+
+    name = "gitlab.add_member"
+    templates = ["Add {user} to the {project} project as {role}.",
+                 "Invite {user} to {project} with the {role} role."]
+    test_quota = 6
+
+    def instances(self, d):
         out = []
         for p in d["gitlab"]["projects"]:
             have = {m["username"] for m in d["gitlab"]["members"] if m["project_id"] == p["id"]}
@@ -838,15 +974,13 @@ class _:
                     out += [{"project": p["name"], "user": u, "role": r} for r in ("Reporter", "Developer")]
         return out
 
-    @staticmethod
-    def build(inst, d):
+    def evaluator(self, inst, d):
         p = _proj(d, inst["project"])
         loc = f"document.querySelector('[data-member=\"{inst['user']}\"] .role').outerText"
-        return {"start_url": "__GITLAB__", "eval": ev_html(
-            (f"__GITLAB__/{p['namespace']}/{p['name']}/-/project_members", loc, {"exact_match": inst["role"]}))}
+        return ev_html(
+            (f"__GITLAB__/{p['namespace']}/{p['name']}/-/project_members", loc, {"exact_match": inst["role"]}))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         nxt = _in_project(page, inst["project"], "Members", "/-/project_members")
         if nxt:
             return nxt
@@ -863,22 +997,25 @@ class _:
         return do("Click", button(page, "Invite"))
 
 
-@family("gitlab.file_lines", "gitlab", ["How many lines does {path} have in the {project} project?",
-                                        "What is the line count of the file {path} in {project}?"], 7)
-class _:
-    @staticmethod
-    def instances(d):
+@register
+class GitlabFileLines(GitlabFamily):
+    """Ask a file's line count; read it from the file page (string_match)."""
+
+    name = "gitlab.file_lines"
+    templates = ["How many lines does {path} have in the {project} project?",
+                 "What is the line count of the file {path} in {project}?"]
+    test_quota = 7
+
+    def instances(self, d):
         names = {p["id"]: p["name"] for p in d["gitlab"]["projects"]}
         return [{"project": names[f["project_id"]], "path": f["path"]} for f in d["gitlab"]["files"]]
 
-    @staticmethod
-    def build(inst, d):
+    def evaluator(self, inst, d):
         pid = _proj(d, inst["project"])["id"]
         f = next(f for f in d["gitlab"]["files"] if f["project_id"] == pid and f["path"] == inst["path"])
-        return {"start_url": "__GITLAB__", "eval": ev_string(str(f["lines"]))}
+        return ev_string(str(f["lines"]))
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         if page.path.endswith(f"/-/blob/main/{inst['path']}") and f"/{inst['project']}/" in page.path:
             n = page.text().split(" lines")[0].split()[-1]
             return finish(n, f"The file has {n} lines")
@@ -886,6 +1023,12 @@ class _:
 
 
 # --------------------------------------------------------------------------- map
+
+class MapFamily(Family):
+    """A family of the map; its tasks start on the home page."""
+
+    site, start_url = "map", "__MAP__"
+
 
 def _place(d, name):
     return next(p for p in d["map"]["places"] if p["name"] == name)
@@ -898,17 +1041,21 @@ def _to_place(page: PageView, place: str) -> str | None:
     return search_then_click(page, place, "Search places", place)
 
 
-@family("map.place_address", "map", ["What is the address of {place}?", "Where is {place} located? Give the address."],
-        7)
-class _:
-    instances = staticmethod(lambda d: [{"place": p["name"]} for p in d["map"]["places"]])
+@register
+class MapPlaceAddress(MapFamily):
+    """Ask a place's address; read it from the place page (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
-        return {"start_url": "__MAP__", "eval": ev_string(_place(d, inst["place"])["address"].split(",")[0])}
+    name = "map.place_address"
+    templates = ["What is the address of {place}?", "Where is {place} located? Give the address."]
+    test_quota = 7
 
-    @staticmethod
-    def oracle(inst, page):
+    def instances(self, d):
+        return [{"place": p["name"]} for p in d["map"]["places"]]
+
+    def evaluator(self, inst, d):
+        return ev_string(_place(d, inst["place"])["address"].split(",")[0])
+
+    def oracle(self, inst, page):
         nxt = _to_place(page, inst["place"])
         if nxt:
             return nxt
@@ -917,29 +1064,39 @@ class _:
         return finish(addr, "Read from the place page")
 
 
-@family("map.place_nav", "map", ["Show me {place} on the map.", "Open the page of {place}."], 5)
-class _:
-    instances = staticmethod(lambda d: [{"place": p["name"]} for p in d["map"]["places"]])
+@register
+class MapPlaceNav(MapFamily):
+    """Open a place's page (url_match)."""
 
-    @staticmethod
-    def build(inst, d):
-        return {"start_url": "__MAP__", "eval": ev_url(f"__MAP__/place/{_place(d, inst['place'])['id']}")}
+    name = "map.place_nav"
+    templates = ["Show me {place} on the map.", "Open the page of {place}."]
+    test_quota = 5
 
-    @staticmethod
-    def oracle(inst, page):
+    def instances(self, d):
+        return [{"place": p["name"]} for p in d["map"]["places"]]
+
+    def evaluator(self, inst, d):
+        return ev_url(f"__MAP__/place/{_place(d, inst['place'])['id']}")
+
+    def oracle(self, inst, page):
         return _to_place(page, inst["place"]) or finish("Done", f"This is {inst['place']}")
 
 
-@family("map.place_hours", "map", ["What are the opening hours of {place}?", "When is {place} open?"], 5)
-class _:
-    instances = staticmethod(lambda d: [{"place": p["name"]} for p in d["map"]["places"]])
+@register
+class MapPlaceHours(MapFamily):
+    """Ask a place's opening hours; read them from the place page (string_match, exact)."""
 
-    @staticmethod
-    def build(inst, d):
-        return {"start_url": "__MAP__", "eval": ev_string(_place(d, inst["place"])["hours"], "exact_match")}
+    name = "map.place_hours"
+    templates = ["What are the opening hours of {place}?", "When is {place} open?"]
+    test_quota = 5
 
-    @staticmethod
-    def oracle(inst, page):
+    def instances(self, d):
+        return [{"place": p["name"]} for p in d["map"]["places"]]
+
+    def evaluator(self, inst, d):
+        return ev_string(_place(d, inst["place"])["hours"], "exact_match")
+
+    def oracle(self, inst, page):
         nxt = _to_place(page, inst["place"])
         if nxt:
             return nxt
@@ -976,32 +1133,42 @@ def _directions_oracle(inst, page: PageView, answer_of) -> str:
     return finish(answer_of(t), "Read from the route summary")
 
 
-@family("map.distance", "map", ["How far is it from {a} to {b} by {mode}?",
-                                "What is the {mode} distance between {a} and {b}?"], 6)
-class _:
-    instances = staticmethod(lambda d: [{"a": a, "b": b, "mode": m} for a, b in _pairs(d) for m in ("car", "bike")])
+@register
+class MapDistance(MapFamily):
+    """Ask the distance between two places by car or bicycle; read it from the directions (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "map.distance"
+    templates = ["How far is it from {a} to {b} by {mode}?",
+                 "What is the {mode} distance between {a} and {b}?"]
+    test_quota = 6
+
+    def instances(self, d):
+        return [{"a": a, "b": b, "mode": m} for a, b in _pairs(d) for m in ("car", "bike")]
+
+    def evaluator(self, inst, d):
         km, _ = route(_place(d, inst["a"]), _place(d, inst["b"]), inst["mode"])
-        return {"start_url": "__MAP__", "eval": ev_string(f"{km} km")}
+        return ev_string(f"{km} km")
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         return _directions_oracle(inst, page, lambda t: t.split("Distance: ")[1].split(" |")[0])
 
 
-@family("map.travel_time", "map", ["How long does it take to {verb} from {a} to {b}?",
-                                   "How many minutes do I need to {verb} from {a} to {b}?"], 6)
-class _:
-    instances = staticmethod(lambda d: [{"a": a, "b": b, "mode": m, "verb": MODE_WORDS[m][0]} for a, b in _pairs(d)
-                                        for m in ("car", "bike", "foot")])
+@register
+class MapTravelTime(MapFamily):
+    """Ask the travel time between two places by car, bicycle or foot; read it from the directions (string_match)."""
 
-    @staticmethod
-    def build(inst, d):
+    name = "map.travel_time"
+    templates = ["How long does it take to {verb} from {a} to {b}?",
+                 "How many minutes do I need to {verb} from {a} to {b}?"]
+    test_quota = 6
+
+    def instances(self, d):
+        return [{"a": a, "b": b, "mode": m, "verb": MODE_WORDS[m][0]} for a, b in _pairs(d)
+                for m in ("car", "bike", "foot")]
+
+    def evaluator(self, inst, d):
         _, minutes = route(_place(d, inst["a"]), _place(d, inst["b"]), inst["mode"])
-        return {"start_url": "__MAP__", "eval": ev_string(f"{minutes} min")}
+        return ev_string(f"{minutes} min")
 
-    @staticmethod
-    def oracle(inst, page):
+    def oracle(self, inst, page):
         return _directions_oracle(inst, page, lambda t: t.split("Time: ")[1].split()[0] + " min")

@@ -12,6 +12,9 @@ Contract (the env's ``SiteHooks``):
 compete for the rollout process's GIL with Playwright's client, and a crash of either side spares the other;
 ``workers="thread"`` serves them from a background thread of this process. The parent binds the sockets
 (so ports are known at once) and hands them to the child; ``stop()`` ends the child and closes the sockets.
+
+Each site is the module ``webrl_core.sites.<site>``, whose ``APP`` (a ``common.SiteApp``) says how it is served;
+``SITE_APPS`` collects them for exactly the sites of ``webrl_core.websites.SITES``, in that order.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -31,41 +35,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from webrl_core.sites.common import EPISODE_COOKIE, HERE, EpisodeDBs, SiteKit, sign
+from webrl_core import websites
+from webrl_core.sites.common import (EPISODE_COOKIE, HERE, LOGIN_ROUTES, STATIC_ROUTES, EpisodeDBs, SiteApp, SiteKit,
+                                     sign)
 from webrl_core.sites.data import write_template
 
-# site -> (module with routes(kit), session cookie name or None, {username: password}, placeholder)
-SITES: dict[str, tuple[str, str | None, dict[str, str], str]] = {
-    "shopping": ("webrl_core.sites.shopping", "shopping_session", {"emma.lopez@example.com": "Password.123"},
-                 "__SHOPPING__"),
-    "shopping_admin": ("webrl_core.sites.shopping_admin", "admin_session", {"admin": "admin1234"},
-                       "__SHOPPING_ADMIN__"),
-    "reddit": ("webrl_core.sites.reddit", "forum_session", {"MarvelsGrantMan136": "test1234"}, "__REDDIT__"),
-    "gitlab": ("webrl_core.sites.gitlab", "gitlab_session", {"byteblaze": "hello1234"}, "__GITLAB__"),
-    "map": ("webrl_core.sites.map", None, {}, "__MAP__"),
-}
-PLACEHOLDERS = {spec[3]: site for site, spec in SITES.items()}
+SITE_APPS: dict[str, SiteApp] = {site: importlib.import_module(f"webrl_core.sites.{site}").APP
+                                 for site in websites.SITES}
+"""site -> how it is served; derived from ``websites.SITES`` (same sites, same order)."""
 
 
 def build_app(site: str, kit: SiteKit) -> Starlette:
-    module = importlib.import_module(SITES[site][0])
-    css = (HERE / "static" / f"{site}.css").read_text()
-
-    async def style(request: Request):
-        return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
-
-    async def favicon(request: Request):
-        return Response(b"", media_type="image/x-icon")
-
-    extra = [Route(p, fn, methods=m) for p, fn, m in kit.login_routes()] if kit.session_cookie else []
-    return Starlette(routes=[Route("/static/style.css", style), Route("/favicon.ico", favicon), *extra,
-                             *module.routes(kit)])
+    """The site's app: its stylesheet, its login pages when it has accounts, its own routes; handlers find the
+    kit (and the CSS) on ``app.state``."""
+    login = LOGIN_ROUTES if kit.session_cookie else []
+    app = Starlette(routes=[*STATIC_ROUTES, *login, *SITE_APPS[site].routes])
+    app.state.kit = kit
+    app.state.css = (HERE / "static" / f"{site}.css").read_text()
+    return app
 
 
 class EmbeddedSites:
@@ -76,14 +67,14 @@ class EmbeddedSites:
     fresh_session_on_reuse = True
 
     def __init__(self, data_seed: int = 0, host: str = "127.0.0.1", workdir: str | Path | None = None,
-                 sites: tuple[str, ...] = tuple(SITES), workers: str = "process"):
+                 sites: tuple[str, ...] = websites.SITES, workers: str = "process"):
         if workers not in ("process", "thread"):
             raise ValueError(f"EmbeddedSites workers={workers!r}; allowed: process, thread")
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(f"EmbeddedSites host {host!r} is not loopback; allowed: 127.0.0.1, localhost, ::1")
-        unknown = sorted(set(sites) - set(SITES))
+        unknown = sorted(set(sites) - set(SITE_APPS))
         if unknown:
-            raise ValueError(f"unknown embedded site(s) {unknown}; allowed: {list(SITES)}")
+            raise ValueError(f"unknown embedded site(s) {unknown}; allowed: {list(SITE_APPS)}")
         self.data_seed = data_seed
         self.workers = workers
         self._proc: subprocess.Popen | None = None
@@ -196,7 +187,7 @@ class EmbeddedSites:
 
     # ------------------------------------------------------------------ SiteHooks
     def url_map(self) -> dict[str, str]:
-        return {SITES[s][3]: u for s, u in self.urls.items()}
+        return {SITE_APPS[s].placeholder: u for s, u in self.urls.items()}
 
     def allowed_hosts(self) -> list[str]:
         return [u.split("://", 1)[1] for u in self.urls.values()]
@@ -207,7 +198,7 @@ class EmbeddedSites:
         cookies = [{"name": EPISODE_COOKIE, "value": episode_id, "url": any_url}]
         for site in sites:
             if site in self.kits and self.kits[site].session_cookie:
-                user = next(iter(SITES[site][2]))
+                user = next(iter(SITE_APPS[site].accounts))
                 cookies.append({"name": self.kits[site].session_cookie, "value": sign(self.secret, user),
                                 "url": self.urls[site]})
         return cookies
@@ -227,8 +218,6 @@ class EmbeddedSites:
 
     def wait_ready(self, timeout: float = 10.0) -> None:
         """Block until every site answers HTTP (used by tests and the CLI)."""
-        import httpx
-
         deadline = time.monotonic() + timeout
         for url in self.urls.values():
             while True:
@@ -243,8 +232,9 @@ class EmbeddedSites:
 
 def _kit(site: str, workdir: Path, secret: str) -> SiteKit:
     """The site's kit over the template the parent wrote into ``workdir`` (shared by parent and child)."""
-    _, cookie, accounts, _ = SITES[site]
-    return SiteKit(site, EpisodeDBs(workdir / f"{site}.template.sqlite", workdir / site), secret, cookie, accounts)
+    app = SITE_APPS[site]
+    return SiteKit(site, EpisodeDBs(workdir / f"{site}.template.sqlite", workdir / site), secret, app.session_cookie,
+                   app.accounts)
 
 
 def _server(app: Starlette) -> uvicorn.Server:
@@ -255,8 +245,6 @@ def _server(app: Starlette) -> uvicorn.Server:
 def _serve_child(spec: dict) -> None:
     """Child process of ``workers="process"``: serve the sites on the inherited sockets until told to stop
     (SIGTERM) or until the parent dies."""
-    import signal
-
     secret = os.environ["WEBRL_SITES_SECRET"]
     workdir = Path(spec["workdir"])
     servers, socks = [], []

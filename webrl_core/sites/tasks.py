@@ -10,6 +10,7 @@ Test and training instantiations are disjoint by construction (``families`` spli
 
 from __future__ import annotations
 
+import copy
 import random
 from functools import lru_cache
 
@@ -82,8 +83,6 @@ def _test_set(data_seed: int) -> tuple:
 
 def test_set(data_seed: int = 0) -> list[dict]:
     """The fixed held-out set (165 tasks; ids emb-test-000 .. emb-test-164)."""
-    import copy
-
     return copy.deepcopy(list(_test_set(data_seed)))
 
 

@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -218,7 +219,6 @@ def task(url: str) -> dict:
 
 
 def links_url(pages_url: str, **links: str) -> str:
-    from urllib.parse import urlencode
     return f"{pages_url}/containment/links.html?" + urlencode({k.replace("_", " "): v for k, v in links.items()})
 
 

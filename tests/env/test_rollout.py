@@ -13,6 +13,7 @@ from webrl_core.env.miniwob import MiniWoBHooks, MiniWoBOracle, miniwob_tasks
 from webrl_core import identity
 from webrl_core.env.rollout import plan_episode_ids, rollout
 from webrl_core.store import TrajectoryStore
+from test_episode import ERROR_KEYS, SUCCESS_KEYS
 
 
 class RecordingOracle(MiniWoBOracle):
@@ -52,6 +53,7 @@ def test_batching_store_and_idempotent_ids(aloop, miniwob_server, tmp_path):
     eps = aloop.run(rollout(tasks, pol, 3, cfg=cfg, hooks=MiniWoBHooks(miniwob_server), store=store, phase=2,
                             purpose="eval", seed=7, progress=False))
     assert len(eps) == 6 and all(e["success"] for e in eps)
+    assert all(list(e) == SUCCESS_KEYS for e in eps)  # the dict layout stages, store and ray_rollout read
     n_steps = sum(e["n_steps"] for e in eps)
     assert sum(pol.batches) == n_steps and max(pol.batches) == 3  # one call serves every waiting env
     assert len(pol.batches) < n_steps
@@ -105,6 +107,7 @@ def test_browser_crash_without_retries_is_stored_as_error(aloop, miniwob_server,
     by_id = {e["task_id"]: e for e in eps}
     bad = by_id[tasks[0]["task_id"]]
     assert bad["status"] == "error" and bad["env_score"] is None and bad["success"] is None
+    assert list(bad) == ERROR_KEYS and bad["retries"] == 0 and bad["final_answer"] is None
     assert "crash" in bad["error"]
     assert by_id[tasks[1]["task_id"]]["status"] == "done"  # the next episode runs on a relaunched browser
     rows = {r["episode_id"]: r for r in store.episodes()}

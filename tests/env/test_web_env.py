@@ -170,6 +170,28 @@ def test_early_stop_parse_failures_repeats_and_max_steps(pages_url, run_env):
     assert run_env(max_steps, max_steps=2) == (False, True, "max_steps")
 
 
+def test_the_first_end_of_a_step_wins_and_an_ended_episode_refuses_steps(pages_url, run_env):
+    async def exit_on_last_step(env):
+        await env.reset(task(pages_url + "/form.html"), "e6b")
+        _, done, info = await env.step('exit(message="42")')
+        with pytest.raises(RuntimeError, match="is over"):
+            await env.step('do(action="Wait")')
+        return done, env.status, env.answer, info["status"], info["answer"]
+
+    # exit and max_steps in the same step: exit wins
+    assert run_env(exit_on_last_step, max_steps=1) == (True, "done", "42", "done", "42")
+
+    async def repeat_on_last_step(env):
+        await env.reset(task(pages_url + "/form.html"), "e6c")
+        first = await env.step('do(action="Wait")')
+        _, done, info = await env.step('do(action="Wait")')
+        return first[1], first[2]["answer"], done, env.status, info["answer"]
+
+    # the repeat limit and max_steps in the same step: the early stop for repeats wins
+    assert run_env(repeat_on_last_step, max_steps=2, repeat_action_limit=2) == (
+        False, None, True, "early_stop", "Early stop: the same action 2 times")
+
+
 def test_other_hosts_are_blocked(pages_url, run_env):
     async def fn(env):
         obs = await env.reset(task(pages_url + "/form.html"), "e7")

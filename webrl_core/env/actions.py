@@ -1,5 +1,6 @@
-"""WebRL's action grammar (webrl_spec.md §6.3, envs_spec.md §2.3): parsing with ``ast`` and execution with
-Playwright locators.
+"""WebRL's action grammar (the official one: VAB-WebArena-Lite ``new/actions.py``, which replaces WebArena's
+``browser_env/actions.py``; its ``create_webrl_id_based_action`` and ``execute_action_webrl``): parsing with
+``ast`` and execution with Playwright locators.
 
 Grammar: optional comment lines (``# Element: ...``, ``# Note: ...``) and then one call among
 
@@ -16,7 +17,7 @@ string, e.g. ``exit(message="... do(x)")``, is tried after the later one fails);
 arguments with literal values (``ast.literal_eval``; model output is never evaluated). Action names are
 matched case-insensitively and written canonically.
 
-Execution (fixes of the official executor, envs_spec §2.3): the element is found live by its
+Execution (fixes of the official executor, ``execute_action_webrl``): the element is found live by its
 ``data-label-id`` with a Playwright locator (Playwright's actionability checks instead of a blind click at
 cached coordinates); Type clears the field with ControlOrMeta+A + Backspace before typing
 (``type_replaces=False`` reproduces the official Meta+A, which only deletes one character on Linux);

@@ -1,11 +1,12 @@
 """MiniWoB++ (the PyPI ``miniwob`` package's HTML tasks) as an offline benchmark with ground-truth rewards,
 driven by the same WebRL agent loop (observation, grammar, rollout engine) as the web sites.
 
-Protocol per episode (envs_spec.md §4.5): open ``miniwob/<task>.html`` served over http on 127.0.0.1 ->
-``Math.seedrandom(seed)`` -> ``core.EPISODE_MAX_TIME = 1e6`` ms (the 10 s default would time episodes out)
--> ``core.startEpisodeReal()`` -> wait for ``WOB_TASK_READY``; the intent is ``core.getUtterance()``. After
-each action ``WOB_DONE_GLOBAL`` ends the episode; the score is ``1.0 if WOB_RAW_REWARD_GLOBAL > 0`` (BrowserGym's
-rule; the raw value is kept in ``site_state``).
+Protocol per episode (as BrowserGym's ``browsergym/miniwob/base.py``: ``AbstractMiniwobTask.setup`` and
+``validate``): open ``miniwob/<task>.html`` served over http on 127.0.0.1 -> ``Math.seedrandom(seed)`` ->
+``core.EPISODE_MAX_TIME = 1e6`` ms (the 10 s default would time episodes out) -> ``core.startEpisodeReal()`` ->
+wait for ``WOB_TASK_READY``; the intent is ``core.getUtterance()``. After each action ``WOB_DONE_GLOBAL`` ends
+the episode; the score is ``1.0 if WOB_RAW_REWARD_GLOBAL > 0`` (BrowserGym's rule; the raw value is kept in
+``site_state``).
 """
 
 from __future__ import annotations

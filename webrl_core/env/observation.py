@@ -1,6 +1,7 @@
 """WebRL's text observation: simplified HTML in which interactive elements carry numeric ids.
 
-Contract (webrl_spec.md §6.2, envs_spec.md §2.1), produced by ONE in-page pass (``observation.js``):
+Contract (the official observation: VAB-WebArena-Lite ``new/html_tools``, whose ``scripts/label.js`` numbers
+elements with ``data-label-id``), produced here by ONE in-page pass (``observation.js``):
 
 * the page first settles: Playwright's load state, no in-flight fetch/XHR (tracked per page), then the DOM
   must stay quiet for ``QUIET_MS``; every wait is bounded by ``settle_timeout_ms`` (no fixed sleeps);

@@ -28,12 +28,13 @@ import socket
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 from webrl_core import identity
 from webrl_core.agent_api import StepContext
 from webrl_core.env.actions import is_crash
 from webrl_core.env.browser import BrowserPool
+from webrl_core.env.episode import EPISODE_COLUMNS, Episode, FinalPage
 from webrl_core.env.web_env import EnvCrash, WebEnv
 from webrl_core.prompts import build_prompt
 from webrl_core.websites import is_success
@@ -130,9 +131,19 @@ class _Batcher:
                 pass
 
 
+class _Ending(NamedTuple):
+    """How an attempt that ran to the end finished (``_run_episode``)."""
+
+    status: str
+    final_answer: str | None
+    env_score: float | None
+    intent: str  # the task's intent after the site hooks' updates ("" when it has none)
+    page: FinalPage | None  # None only for the failed episode's stand-in in ``_episode_with_retries``
+
+
 async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batcher, cfg,
-                       steps: list[dict], timing: dict, screenshot_dir=None) -> dict:
-    """One attempt. Appends step dicts to ``steps`` as it goes; returns the episode fields it knows."""
+                       steps: list[dict], timing: dict, screenshot_dir=None) -> _Ending:
+    """One attempt. Appends step dicts to ``steps`` as it goes; returns how the episode ended."""
     watchdog = (cfg.settle_timeout_ms + 3 * cfg.action_timeout_ms) / 1000 + 30
     t = time.perf_counter()
     obs = await asyncio.wait_for(env.reset(task, episode_id), watchdog)
@@ -165,9 +176,8 @@ async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batch
     t = time.perf_counter()
     score = await asyncio.wait_for(env.evaluate(), watchdog)
     timing["env_s"] += time.perf_counter() - t
-    return {"status": env.status, "final_answer": env.answer, "env_score": score, "intent": intent,
-            "final_html": obs.html, "final_url": obs.url, "blocked_urls": list(env.blocked_urls),
-            "site_state": dict(env.site_state)}
+    return _Ending(env.status, env.answer, score, intent,
+                   FinalPage(obs.html, obs.url, list(env.blocked_urls), dict(env.site_state)))
 
 
 async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, store=None, phase: int = 0,
@@ -212,22 +222,20 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
                 ep = await _episode_with_retries(env, task, eid)
                 end_episode = getattr(hooks, "end_episode", None)  # e.g. drop the episode's site DB copies
                 if end_episode is not None:
-                    end_episode(ep["episode_id"])
-                episodes.append(ep)
+                    end_episode(ep.episode_id)
+                episodes.append(ep.to_record())
                 if store is not None:
-                    store.write_episode({k: v for k, v in ep.items() if k in _EPISODE_KEYS}, ep["steps"])
+                    store.write_episode(ep.columns(), ep.steps)
                 bar.advance(ep)
         finally:
             batcher.leave()
             await env.close()
 
-    async def _episode_with_retries(env: WebEnv, task: dict, eid: str) -> dict:
-        sites = task.get("sites") or []
-        base = {"episode_id": eid, "task_id": str(task["task_id"]), "phase": phase, "policy_id": policy_id,
-                "purpose": purpose, "intent": task.get("intent", ""), "site": "+".join(sites), "seed": seed,
-                "task_digest": identity.task_digest(task), "policy_digest": policy_digest,
-                "settings_digest": settings_digest, "node": node}
+    async def _episode_with_retries(env: WebEnv, task: dict, eid: str) -> Episode:
+        """Run ``task`` until one try ends (a crash or hang retries it on a fresh context) and build its
+        ``Episode``: from that try, or with ``status="error"`` when every try failed."""
         error = None
+        ending: _Ending | None = None
         started = time.time()
         t0 = time.perf_counter()
         steps: list[dict] = []
@@ -235,7 +243,7 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
         for _try in range(cfg.episode_retries + 1):
             steps, timing = [], {"policy_s": 0.0, "env_s": 0.0}
             try:
-                out = await _run_episode(env, task, eid, batcher, cfg, steps, timing, screenshot_dir)
+                ending = await _run_episode(env, task, eid, batcher, cfg, steps, timing, screenshot_dir)
             except PolicyError:
                 raise
             except Exception as e:  # crash, hang or a bug in the site: retry on a fresh context
@@ -244,18 +252,23 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
                 error += "\n" + "".join(traceback.format_exception(e)[-3:])
                 await env.close()
                 continue
-            score = out["env_score"]
             if steps:
-                steps[-1]["reward"] = float(score or 0.0)
-            return {**base, **out, "intent": out["intent"] or base["intent"],
-                    "orm_score": None, "success": None if score is None else is_success(score),
-                    "n_steps": len(steps), "started_at": started, "wall_s": time.perf_counter() - t0,
-                    "policy_s": timing["policy_s"], "env_s": timing["env_s"], "error": None,
-                    "retries": _try, "steps": steps}
-        return {**base, "status": "error", "final_answer": None, "env_score": None, "orm_score": None,
-                "success": None, "n_steps": len(steps), "started_at": started, "wall_s": time.perf_counter() - t0,
-                "policy_s": timing["policy_s"], "env_s": timing["env_s"], "error": error,
-                "retries": cfg.episode_retries, "steps": steps}
+                steps[-1]["reward"] = float(ending.env_score or 0.0)
+            break
+        if ending is None:  # every try failed: stored as an error, never scored
+            ending = _Ending("error", None, None, "", None)
+            retries = cfg.episode_retries
+        else:
+            error, retries = None, _try
+        score = ending.env_score
+        return Episode(
+            episode_id=eid, task_id=str(task["task_id"]), phase=phase, policy_id=policy_id, purpose=purpose,
+            intent=ending.intent or task.get("intent", ""), site="+".join(task.get("sites") or []), seed=seed,
+            task_digest=identity.task_digest(task), policy_digest=policy_digest, settings_digest=settings_digest,
+            node=node, status=ending.status, final_answer=ending.final_answer, env_score=score,
+            final_page=ending.page, orm_score=None, success=None if score is None else is_success(score),
+            n_steps=len(steps), started_at=started, wall_s=time.perf_counter() - t0, policy_s=timing["policy_s"],
+            env_s=timing["env_s"], error=error, retries=retries, steps=steps)
 
     dispatcher = asyncio.create_task(batcher.run())
     try:
@@ -269,9 +282,7 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
     return episodes  # in finishing order
 
 
-_EPISODE_KEYS = ("episode_id", "task_id", "phase", "policy_id", "purpose", "status", "final_answer", "env_score",
-                 "orm_score", "success", "n_steps", "started_at", "wall_s", "policy_s", "env_s", "error", "intent",
-                 "site", "seed", "task_digest", "policy_digest", "settings_digest", "node")
+_EPISODE_KEYS = EPISODE_COLUMNS  # the stored episode columns (former name, kept importable)
 
 
 class _Progress:
@@ -285,9 +296,9 @@ class _Progress:
             self.bar.start()
             self.task = self.bar.add_task("", total=total)
 
-    def advance(self, ep: dict) -> None:
+    def advance(self, ep: Episode) -> None:
         self.done += 1
-        self.ok += bool(ep.get("success"))
+        self.ok += bool(ep.success)
         if self.bar is not None:
             self.bar.update(self.task, advance=1, description=f"success {self.ok}/{self.done}")
 

@@ -1,12 +1,14 @@
 """One browser environment running WebRL episodes: reset -> step* -> evaluate.
 
-Episode control (webrl_spec.md §6.1, envs_spec.md §2.3):
+Episode control (as in the official harness, VAB-WebArena-Lite ``new/run.py``: ``early_stop`` and the episode
+loop of ``test``, which stops with ``create_stop_action(f"Early stop: {stop_info}")``):
 
 * an episode ends when the agent calls ``exit(message=...)`` (status ``done``, answer = message), when the site
   says it is over (a hook's ``episode_status``: MiniWoB++), after ``max_steps`` actions (``max_steps``), after
   ``parse_failure_limit`` consecutive unparseable responses or ``repeat_action_limit`` identical actions in a
   row (``early_stop``; a Type counts every identical Type in the whole episode, as in VAB). Early stop and
-  max_steps set the answer to ``"Early stop: <reason>"`` and the episode is still evaluated;
+  max_steps set the answer to ``"Early stop: <reason>"`` and the episode is still evaluated. Every one of these
+  goes through ``WebEnv._finish``, the one place that sets ``status`` and ``answer``;
 * an action that cannot run (unknown id, no such option, timeout) does not end the episode: its message is the
   first line of the next observation, ``[error] ...``;
 * nothing the page does reaches a host outside ``hooks.allowed_hosts()`` (with ``block_other_hosts``; how, and
@@ -283,7 +285,6 @@ class WebEnv:
         info: dict[str, Any] = {"action": None, "error": None, "blocked": [], "blocked_other": [], "action_s": 0.0}
         prev_page = self.page
         error: str | None = None
-        done = False
         t0 = time.perf_counter()
         try:
             action = parse_action(response)
@@ -292,15 +293,14 @@ class WebEnv:
             self.parse_failures += 1
             error = f"invalid action: {e}"
             if self.parse_failures >= self.cfg.parse_failure_limit:
-                done, self.status = True, "early_stop"
-                self.answer = f"Early stop: {self.parse_failures} consecutive unparseable actions"
+                self._finish("early_stop", f"Early stop: {self.parse_failures} consecutive unparseable actions")
         if action is not None:
             self.parse_failures = 0
             info["action"] = action.to_json()
             repeats = self._repeats(action) + 1
             self.history.append(action)
             if action.name == "exit":
-                done, self.status, self.answer = True, "done", action.message or ""
+                self._finish("done", action.message or "")
             else:
                 try:
                     if action.name == "Switch Tab":
@@ -315,9 +315,8 @@ class WebEnv:
                     if is_crash(e):
                         raise EnvCrash(f"step {self.n_steps}: {e}") from e
                     error = f"{action.name} failed: {str(e).strip().splitlines()[0][:300]}"
-                if repeats >= self.cfg.repeat_action_limit and not done:
-                    done, self.status = True, "early_stop"
-                    self.answer = f"Early stop: the same action {repeats} times"
+                if repeats >= self.cfg.repeat_action_limit:
+                    self._finish("early_stop", f"Early stop: the same action {repeats} times")
         info["action_s"] = time.perf_counter() - t0
         try:
             error = await self._settle_tabs(prev_page, error, info)
@@ -325,28 +324,31 @@ class WebEnv:
             if self._new_pages:  # a tab opened while the page settled (popups arrive asynchronously)
                 error = await self._settle_tabs(prev_page, error, info)
                 obs = await self._observe(error)
-            if not done:
-                status_fn = getattr(self.hooks, "episode_status", None)
-                if status_fn is not None:
-                    st = await status_fn(self.page, self.task)
-                    if st:
-                        self.site_state = st
-                        if st.get("done"):
-                            done, self.status = True, "done"
-                            if self.answer is None:
-                                self.answer = ""
+            status_fn = getattr(self.hooks, "episode_status", None)
+            if self.status is None and status_fn is not None:
+                st = await status_fn(self.page, self.task)
+                if st:
+                    self.site_state = st
+                    if st.get("done"):
+                        self._finish("done", "")
         except EnvCrash:
             raise
         except Exception as e:
             if is_crash(e):
                 raise EnvCrash(f"observation after step {self.n_steps}: {e}") from e
             raise
-        if not done and self.n_steps >= self.cfg.max_steps:
-            done, self.status = True, "max_steps"
-            self.answer = f"Early stop: reached max_steps={self.cfg.max_steps}"
+        if self.n_steps >= self.cfg.max_steps:
+            self._finish("max_steps", f"Early stop: reached max_steps={self.cfg.max_steps}")
         self._flush_blocked(info, navigations=False)  # blocked while the page settled
+        done = self.status is not None
         info.update(obs_s=obs.obs_s, error=obs.error, status=self.status, answer=self.answer if done else None)
         return obs, done, info
+
+    def _finish(self, status: str, answer: str) -> None:
+        """End the episode: the one place ``status`` and ``answer`` are set. The first reason of a step wins
+        (a later one in the same step is ignored); ``step`` then returns ``done=True``."""
+        if self.status is None:
+            self.status, self.answer = status, answer
 
     def _flush_blocked(self, info: dict, navigations: bool = True) -> None:
         """Move the blocked navigations (unless ``navigations`` is False: those the next step handles) and the

@@ -1,9 +1,11 @@
-"""One cached Prefect task per WebRL stage (webrl_core.stages holds the logic).
+"""One cached Prefect task per WebRL stage (``webrl_core.pipeline`` holds the logic; each stage declares the
+config sections it reads).
 
-Caching: ``INPUTS + TASK_SOURCE`` (+ the library's source digest) with persisted results. Each task receives only the config sections its
-stage reads (``cfg``), the run id (a UUID stored in the run dir, so a deleted and re-created run dir never
-hits stale results), and content-addressed ``ArtifactRef`` inputs: changing one knob re-runs exactly the
-tasks that read it and those whose inputs then change.
+Caching: ``INPUTS + TASK_SOURCE`` (+ the library's source digest) with persisted results. Each task receives a
+``StageRun``: only the config sections its stage declares, the run dir, and the run id (a UUID stored in the run
+dir, so a deleted and re-created run dir never hits stale results); its other inputs are content-addressed
+``ArtifactRef``s. Changing one knob re-runs exactly the tasks whose stages read it and those whose inputs then
+change.
 """
 
 from __future__ import annotations
@@ -11,13 +13,16 @@ from __future__ import annotations
 import functools
 import hashlib
 from pathlib import Path
+from typing import Any, Callable
 
 from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
+from pydantic import BaseModel
 
 import webrl_core
-from webrl_core import stages
 from webrl_core.config import WebRLSettings
+from webrl_core.pipeline import bootstrap, evaluation, experience, generation, task_sets, updates
+from webrl_core.pipeline.stage import config_for
 
 
 @functools.lru_cache(maxsize=1)
@@ -33,118 +38,118 @@ def library_source_digest() -> str:
 LIBRARY_SOURCE = CacheKeyFnPolicy(cache_key_fn=lambda ctx, params: library_source_digest())
 CACHED = dict(cache_policy=INPUTS + TASK_SOURCE + LIBRARY_SOURCE, persist_result=True)
 
-# config sections each stage reads (the rest stay at defaults inside the task and are never used)
-SECTIONS = {
-    "pool": ("run",),
-    "test": ("run", "eval", "sites"),
-    "rollout": ("run", "sites", "env", "policy", "models", "prompt", "rollout"),
-    "tokenizer": ("run", "models", "orm"),
-    "sft": ("run", "models", "actor", "training"),
-    "orm_train": ("run", "models", "orm", "training"),
-    "critic_init": ("run", "models", "critic"),
-    "generate": ("run", "curriculum", "policy"),
-    "filter": ("run", "sites", "env", "models", "critic", "curriculum", "orm"),
-    "orm_label": ("models", "orm"),
-    "samples": ("actor",),
-    "replay": ("run", "models", "replay", "actor", "policy"),
-    "train": ("run", "models", "actor", "critic", "training"),
-    "eval": ("run", "sites", "env", "policy", "models", "prompt", "eval", "rollout"),
-}
+
+def stage_task(stage_fn: Callable, name: str, **options) -> Callable[[Callable], Any]:
+    """The cached Prefect task named ``name`` that runs ``stage_fn``; ``task.stage`` names the stage, whose declared
+    config sections make up the task's ``StageRun``."""
+    def wrap(fn: Callable):
+        t = task(name=name, **CACHED, **options)(fn)
+        t.stage = stage_fn
+        return t
+    return wrap
 
 
-def cfg_for(settings: WebRLSettings, stage: str) -> dict:
-    full = settings.model_dump(mode="json")
-    return {k: full[k] for k in SECTIONS[stage]}
+class StageRun(BaseModel):
+    """What a stage's task gets of the run: the config sections the stage declares, the run dir and run id."""
+
+    config: dict[str, Any]
+    run_dir: str
+    run_id: str
+
+    @classmethod
+    def of(cls, settings: WebRLSettings, run_dir: str, run_id: str, stage_fn: Callable) -> "StageRun":
+        return cls(config=config_for(settings, stage_fn), run_dir=run_dir, run_id=run_id)
+
+    def settings(self) -> WebRLSettings:
+        return WebRLSettings.model_validate(self.config)
 
 
-def _s(cfg: dict) -> WebRLSettings:
-    return WebRLSettings.model_validate(cfg)
+@stage_task(task_sets.train_task_pool, "task-pool")
+def train_pool(run: StageRun, n: int, seed_offset: int, name: str):
+    return task_sets.train_task_pool(run.settings(), run.run_dir, n, seed_offset, name)
 
 
-@task(name="task-pool", **CACHED)
-def train_pool(cfg: dict, run_dir: str, run_id: str, n: int, seed_offset: int, name: str):
-    return stages.train_task_pool(_s(cfg), run_dir, n, seed_offset, name)
+@stage_task(task_sets.test_task_set, "test-set")
+def test_set(run: StageRun):
+    return task_sets.test_task_set(run.settings(), run.run_dir)
 
 
-@task(name="test-set", **CACHED)
-def test_set(cfg: dict, run_dir: str, run_id: str):
-    return stages.test_task_set(_s(cfg), run_dir)
+@stage_task(experience.rollout, "rollout-shard", retries=1)
+def rollout_shard(run: StageRun, phase: int, purpose: str, tasks_ref, actor_ref, temperature: float, shard: int,
+                  n_shards: int):
+    return experience.rollout(run.settings(), run.run_dir, phase, purpose, tasks_ref, actor_ref, temperature, shard,
+                              n_shards)
 
 
-@task(name="rollout-shard", retries=1, **CACHED)
-def rollout_shard(cfg: dict, run_dir: str, run_id: str, phase: int, purpose: str, tasks_ref, actor_ref,
-                  temperature: float, shard: int, n_shards: int):
-    return stages.rollout(_s(cfg), run_dir, phase, purpose, tasks_ref, actor_ref, temperature, shard, n_shards)
+@stage_task(experience.label_with_env, "label-with-env")
+def label_with_env(run: StageRun, rollouts: dict):
+    return experience.label_with_env(run.run_dir, rollouts)
 
 
-@task(name="label-with-env", **CACHED)
-def label_with_env(run_dir: str, run_id: str, rollouts: dict):
-    return stages.label_with_env(run_dir, rollouts)
+@stage_task(bootstrap.build_tokenizer, "build-tokenizer")
+def build_tokenizer(run: StageRun, demos: dict):
+    return bootstrap.build_tokenizer(run.settings(), run.run_dir, demos)
 
 
-@task(name="build-tokenizer", **CACHED)
-def build_tokenizer(cfg: dict, run_dir: str, run_id: str, demos: dict):
-    return stages.build_tokenizer(_s(cfg), run_dir, demos)
+@stage_task(bootstrap.sft_actor, "sft-actor")
+def sft_actor(run: StageRun, tokenizer_ref, demos: dict):
+    return bootstrap.sft_actor(run.settings(), run.run_dir, tokenizer_ref, demos)
 
 
-@task(name="sft-actor", **CACHED)
-def sft_actor(cfg: dict, run_dir: str, run_id: str, tokenizer_ref, demos: dict):
-    return stages.sft_actor(_s(cfg), run_dir, tokenizer_ref, demos)
+@stage_task(bootstrap.train_orm, "train-orm")
+def train_orm(run: StageRun, rollouts: list, base_ref):
+    return bootstrap.train_orm(run.settings(), run.run_dir, rollouts, base_ref)
 
 
-@task(name="train-orm", **CACHED)
-def train_orm(cfg: dict, run_dir: str, run_id: str, rollouts: list, base_ref):
-    return stages.train_orm_stage(_s(cfg), run_dir, rollouts, base_ref)
+@stage_task(bootstrap.init_critic, "init-critic")
+def init_critic(run: StageRun, actor_ref):
+    return bootstrap.init_critic(run.settings(), run.run_dir, actor_ref)
 
 
-@task(name="init-critic", **CACHED)
-def init_critic(cfg: dict, run_dir: str, run_id: str, actor_ref):
-    return stages.init_critic(_s(cfg), run_dir, actor_ref)
-
-
-@task(name="generate-tasks", retries=2, **CACHED)
-def generate_tasks(cfg: dict, run_dir: str, run_id: str, phase: int, seed_purpose: str, seed_state: str):
+@stage_task(generation.generate_tasks, "generate-tasks", retries=2)
+def generate_tasks(run: StageRun, phase: int, seed_purpose: str, seed_state: str):
     # seed_state: a digest of the previous phase's labelled episodes, so new failures invalidate the cache
-    return stages.generate_tasks(_s(cfg), run_dir, phase, seed_purpose)
+    return generation.generate_tasks(run.settings(), run.run_dir, phase, seed_purpose)
 
 
-@task(name="filter-tasks", **CACHED)
-def filter_tasks(cfg: dict, run_dir: str, run_id: str, phase: int, candidates_ref, critic_ref, trained_critic: bool,
-                 orm_ref):
-    return stages.filter_tasks(_s(cfg), run_dir, phase, candidates_ref, critic_ref, trained_critic, orm_ref)
+@stage_task(generation.filter_tasks, "filter-tasks")
+def filter_tasks(run: StageRun, phase: int, candidates_ref, critic_ref, trained_critic: bool, orm_ref):
+    return generation.filter_tasks(run.settings(), run.run_dir, phase, candidates_ref, critic_ref, trained_critic,
+                                   orm_ref)
 
 
-@task(name="materialise-tasks", **CACHED)
-def materialise_tasks(run_dir: str, run_id: str, phase: int, tasks_ref):
-    return stages.materialise_tasks(run_dir, phase, tasks_ref)
+@stage_task(task_sets.materialise_tasks, "materialise-tasks")
+def materialise_tasks(run: StageRun, phase: int, tasks_ref):
+    return task_sets.materialise_tasks(run.run_dir, phase, tasks_ref)
 
 
-@task(name="orm-label", **CACHED)
-def orm_label(cfg: dict, run_dir: str, run_id: str, phase: int, rollouts: dict, orm_ref):
-    return stages.orm_label(_s(cfg), run_dir, phase, rollouts, orm_ref)
+@stage_task(experience.orm_label, "orm-label")
+def orm_label(run: StageRun, phase: int, rollouts: dict, orm_ref):
+    return experience.orm_label(run.settings(), run.run_dir, phase, rollouts, orm_ref)
 
 
-@task(name="build-transitions", **CACHED)
-def build_samples(cfg: dict, run_dir: str, run_id: str, phase: int, rollouts: dict, labels: dict):
-    return stages.build_samples(_s(cfg), run_dir, phase, rollouts)
+@stage_task(experience.phase_transitions, "build-transitions")
+def phase_transitions(run: StageRun, phase: int, rollouts: dict, labels: dict):
+    # labels: the ORM stage's result, so relabelled episodes invalidate the cache
+    return experience.phase_transitions(run.settings(), run.run_dir, phase, rollouts)
 
 
-@task(name="replay-selection", **CACHED)
-def select_replay(cfg: dict, run_dir: str, run_id: str, phase: int, actor_ref, samples_ref):
-    return stages.select_replay(_s(cfg), run_dir, phase, actor_ref, samples_ref)
+@stage_task(experience.replay_transitions, "replay-selection")
+def replay_transitions(run: StageRun, phase: int, actor_ref, samples_ref):
+    return experience.replay_transitions(run.settings(), run.run_dir, phase, actor_ref, samples_ref)
 
 
-@task(name="train-critic", **CACHED)
-def train_critic(cfg: dict, run_dir: str, run_id: str, phase: int, samples_ref, replay_ref, backbone_ref,
-                 prev_critic_ref):
-    return stages.train_critic_stage(_s(cfg), run_dir, phase, samples_ref, replay_ref, backbone_ref, prev_critic_ref)
+@stage_task(updates.update_critic, "train-critic")
+def update_critic(run: StageRun, phase: int, samples_ref, replay_ref, backbone_ref, prev_critic_ref):
+    return updates.update_critic(run.settings(), run.run_dir, phase, samples_ref, replay_ref, backbone_ref,
+                                 prev_critic_ref)
 
 
-@task(name="train-actor", **CACHED)
-def train_actor(cfg: dict, run_dir: str, run_id: str, phase: int, samples_ref, replay_ref, actor_ref, critic_ref):
-    return stages.train_actor_stage(_s(cfg), run_dir, phase, samples_ref, replay_ref, actor_ref, critic_ref)
+@stage_task(updates.update_actor, "train-actor")
+def update_actor(run: StageRun, phase: int, samples_ref, replay_ref, actor_ref, critic_ref):
+    return updates.update_actor(run.settings(), run.run_dir, phase, samples_ref, replay_ref, actor_ref, critic_ref)
 
 
-@task(name="evaluate", **CACHED)
-def evaluate(cfg: dict, run_dir: str, run_id: str, phase: int, actor_ref, test_ref, name: str | None = None):
-    return stages.evaluate(_s(cfg), run_dir, phase, actor_ref, test_ref, name=name)
+@stage_task(evaluation.evaluate, "evaluate")
+def evaluate(run: StageRun, phase: int, actor_ref, test_ref, name: str | None = None):
+    return evaluation.evaluate(run.settings(), run.run_dir, phase, actor_ref, test_ref, name=name)

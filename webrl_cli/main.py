@@ -79,12 +79,8 @@ for _name, _mod, _help in _GROUPS:
         continue
     app.add_typer(_m.app, name=_name, help=_help)
 
-# Top-level commands (demo, phase, train, eval, reproduce) live in webrl_cli/run_cmd.py.
-try:
-    importlib.import_module("webrl_cli.run_cmd")  # registers commands on `app`
-except ModuleNotFoundError as _e:
-    if _e.name != "webrl_cli.run_cmd":
-        raise
+# Top-level commands (demo, train, bootstrap, phase, eval, reproduce) live in webrl_cli/run_cmd.py.
+app.registered_commands += importlib.import_module("webrl_cli.run_cmd").app.registered_commands
 
 if __name__ == "__main__":
     app()

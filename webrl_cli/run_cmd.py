@@ -9,7 +9,8 @@ from typing import List, Optional
 
 import typer
 
-from webrl_cli.main import app
+# the top-level commands (demo, train, bootstrap, phase, eval, reproduce); main.py puts them on `webrl` itself
+app = typer.Typer()
 
 
 def prefect_env(run_root: str) -> None:

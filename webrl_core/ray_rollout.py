@@ -1,6 +1,6 @@
 """Rollouts on a Ray cluster (``rollout.engine: ray``): the phase's episodes run as Ray tasks across machines.
 
-Contract (``run_on_ray``; the stage ``stages.rollout`` calls it for the episodes it has not stored yet):
+Contract (``run_on_ray``; the stage ``pipeline.experience.rollout`` calls it for the episodes it has not stored yet):
 
 * the driver (the stage's process) joins the cluster at ``rollout.ray_address``, else ``RAY_ADDRESS``, else it
   starts a single-node local cluster (``LocalRayCluster``: ``ray start`` on a loopback address, token
@@ -9,7 +9,7 @@ Contract (``run_on_ray``; the stage ``stages.rollout`` calls it for the episodes
 * the (task, attempt) jobs are cut into shards of ``rollout.shard_size`` episodes, one Ray task each
   (``num_cpus=rollout.cpus_per_shard``, ``max_retries=rollout.retries``, SPREAD over the nodes). A shard owns
   its browser pool (the rollout engine with ``env.n_envs``) and, for the embedded sites, its own sites server
-  on the worker's loopback (``stages.site_session``); nothing of the run dir is needed on the workers;
+  on the worker's loopback (``sites.session.site_session``); nothing of the run dir is needed on the workers;
 * the policy: scripted ones (oracle, random) are made in each shard; ``policy.backend: openai`` talks to its
   endpoint from every shard; ``policy.backend: hf`` is either served once by the driver (``policy_serving:
   shared``: the project's ``policy.openai_app`` under uvicorn on ``rollout.policy_host``, verified through
@@ -219,7 +219,7 @@ def _worker_policy(spec: dict):
 
         return OpenAIPolicy(served["base_url"], served["model_name"], cfg=settings.policy, temperature=temperature,
                             style=settings.prompt.style, policy_id=served["policy_id"])
-    from webrl_core.stages import make_policy
+    from webrl_core.rollout_policy import make_policy
 
     actor_ref = spec["actor_ref"]
     backend = settings.policy.backend if purpose not in SCRIPTED else purpose
@@ -235,7 +235,7 @@ def _run_shard(spec: dict, shard: int, jobs: list[tuple[dict, int, str]], collec
     import ray
 
     from webrl_core.env.rollout import run_rollout
-    from webrl_core.stages import site_session
+    from webrl_core.sites.session import site_session
 
     settings = spec["settings"]
     node = node_label()
@@ -295,7 +295,7 @@ def shared_policy_server(settings, actor_ref, temperature: float, purpose: str, 
     import uvicorn
 
     from webrl_core.policy import openai_app, served_model_digest
-    from webrl_core.stages import make_policy
+    from webrl_core.rollout_policy import make_policy
 
     hf = make_policy(settings, actor_ref, temperature, purpose)
     sock = _free_socket(host)

@@ -15,9 +15,16 @@ import os
 import shutil
 from pathlib import Path
 
-from webrl_core import stages
-from webrl_core.artifacts import ArtifactRef, sha256_path
+from safetensors.torch import load_file
+
+from webrl_core.artifacts import ArtifactRef, read_json, sha256_path
 from webrl_core.config import load_config
+from webrl_core.env.rollout import plan_episode_ids
+from webrl_core.pipeline import experience, updates
+from webrl_core.rollout_policy import rollout_identity
+from webrl_core.rundir import model_ref
+from webrl_core.store import TrajectoryStore
+from webrl_core.websites import SUCCESS_THRESHOLD
 
 
 def _link(src: Path, dst: Path) -> None:
@@ -31,8 +38,6 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def max_weight_diff(a: str | Path, b: str | Path) -> float:
-    from safetensors.torch import load_file
-
     fa = sorted(Path(a).glob("*.safetensors"))
     fb = {p.name: p for p in Path(b).glob("*.safetensors")}
     worst = 0.0
@@ -67,28 +72,26 @@ def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False
     if missing:
         raise FileNotFoundError(f"phase {phase} did not record: {missing}")
     report: dict = {"phase": phase, "run_dir": str(run), "outputs": {}}
-    tasks = stages.read_json(run / "tasks" / f"phase={phase}" / "tasks.json")
-    from webrl_core.env.rollout import plan_episode_ids
-
-    ident = stages.rollout_identity(s, stages.model_ref(run, phase - 1, "actor"), s.policy.temperature, "rollout")
+    tasks = read_json(run / "tasks" / f"phase={phase}" / "tasks.json")
+    ident = rollout_identity(s, model_ref(run, phase - 1, "actor"), s.policy.temperature, "rollout")
     rolls = {"episode_ids": sorted(plan_episode_ids(tasks, phase=phase, purpose="rollout", seed=s.run.seed, **ident))}
     if redo_rollouts:
         tasks_ref = ArtifactRef.of(run / "tasks" / f"phase={phase}" / "tasks.json")
         (out / "store").unlink()  # a fresh store for the new rollouts (the link pointed at the recorded one)
-        prev = stages.model_ref(rd, phase - 1, "actor")
-        r = stages.rollout(s, rd, phase, "rollout", tasks_ref, prev, s.policy.temperature)
-        old = stages.TrajectoryStore(run).sql(
-            "SELECT avg(CASE WHEN env_score >= 1 THEN 1.0 ELSE 0.0 END) AS r FROM episodes "
-            "WHERE phase = $p AND purpose = 'rollout'", {"p": phase})[0]["r"]
+        prev = model_ref(rd, phase - 1, "actor")
+        r = experience.rollout(s, rd, phase, "rollout", tasks_ref, prev, s.policy.temperature)
+        old = TrajectoryStore(run).sql(
+            "SELECT avg(CASE WHEN env_score >= $t THEN 1.0 ELSE 0.0 END) AS r FROM episodes "
+            "WHERE phase = $p AND purpose = 'rollout'", {"p": phase, "t": SUCCESS_THRESHOLD})[0]["r"]
         report["rollouts"] = {"recorded_env_success": old, "reproduced_env_success": r["env_success"] / max(1, r["n"])}
-        orm = stages.ArtifactRef.of(run / "models" / "phase=0" / "orm")
-        stages.orm_label(s, rd, phase, r, orm)
+        orm = ArtifactRef.of(run / "models" / "phase=0" / "orm")
+        experience.orm_label(s, rd, phase, r, orm)
         rolls = r
-    samples, _ = stages.build_samples(s, rd, phase, rolls)
-    replay, _ = stages.select_replay(s, rd, phase, stages.model_ref(rd, phase - 1, "actor"), samples)
-    critic, _ = stages.train_critic_stage(s, rd, phase, samples, replay, stages.model_ref(rd, 0, "actor"),
-                                          stages.model_ref(rd, phase - 1, "critic"))
-    actor, _ = stages.train_actor_stage(s, rd, phase, samples, replay, stages.model_ref(rd, phase - 1, "actor"), critic)
+    samples, _ = experience.phase_transitions(s, rd, phase, rolls)
+    replay, _ = experience.replay_transitions(s, rd, phase, model_ref(rd, phase - 1, "actor"), samples)
+    critic, _ = updates.update_critic(s, rd, phase, samples, replay, model_ref(rd, 0, "actor"),
+                                     model_ref(rd, phase - 1, "critic"))
+    actor, _ = updates.update_actor(s, rd, phase, samples, replay, model_ref(rd, phase - 1, "actor"), critic)
     for name, ref in (("samples", samples), ("replay", replay)):
         report["outputs"][name] = {"match": sha256_path(recorded[name]) == ref.sha256, "recorded": str(recorded[name]),
                                    "reproduced": ref.path}

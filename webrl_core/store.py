@@ -376,6 +376,15 @@ class TrajectoryStore:
             q, p["ids"] = q + " AND episode_id IN (SELECT unnest($ids))", list(episode_ids)
         return self.sql(q + " ORDER BY episode_id, idx", p)
 
+    def finished_episodes(self, episode_ids: list[str]) -> tuple[list[dict], dict[str, list[dict]]]:
+        """The episodes among ``episode_ids`` that did not error (by id), and each one's steps (by index)."""
+        eps = [e for e in self.sql("SELECT * FROM episodes WHERE episode_id IN (SELECT unnest($ids)) "
+                                   "ORDER BY episode_id", {"ids": list(episode_ids)}) if e["status"] != "error"]
+        by_episode: dict[str, list[dict]] = {}
+        for s in self.steps(episode_ids=[e["episode_id"] for e in eps]):
+            by_episode.setdefault(s["episode_id"], []).append(s)
+        return eps, by_episode
+
     def tasks(self, phase: int | None = None, origin: str | None = None) -> list[dict]:
         q, p = "SELECT * FROM tasks WHERE 1=1", {}
         if phase is not None:

@@ -29,7 +29,8 @@ from webrl_core.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 from webrl_core.ray_rollout import LocalRayCluster, RolloutConfig, run_on_ray
 from webrl_core.sites import OraclePolicy, train_tasks
-from webrl_core.stages import rollout_identity, site_session
+from webrl_core.rollout_policy import rollout_identity
+from webrl_core.sites.session import site_session
 from webrl_core.store import TrajectoryStore
 
 pytestmark = pytest.mark.slow

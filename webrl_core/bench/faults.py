@@ -59,6 +59,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -66,11 +67,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from webrl_core.pipeline import bootstrap, evaluation, experience, generation, task_sets, updates  # noqa: F401 (STAGES)
+from webrl_core.pipeline.stage import STAGES
+from webrl_core.rollout_policy import rollout_identity
+from webrl_core.rundir import model_ref
+
 PHASE = 1
 PROBE_ENV, HOLD_ENV = "WEBRL_FAULT_PROBES", "WEBRL_FAULT_HOLD"
 HOLD_S = 1800.0
-PROBED = ("generate_tasks", "filter_tasks", "materialise_tasks", "rollout", "orm_label", "build_samples",
-          "select_replay", "train_critic_stage", "train_actor_stage", "evaluate")
+PROBED = ("generate_tasks", "filter_tasks", "materialise_tasks", "rollout", "orm_label", "phase_transitions",
+          "replay_transitions", "update_critic", "update_actor", "evaluate")
 
 
 @dataclass(frozen=True)
@@ -87,9 +93,9 @@ FAULTS: tuple[Fault, ...] = (
     Fault("generate", "kill -9 of the flow during task generation", "stage", "generate_tasks", "generate-tasks"),
     Fault("rollout", "kill -9 of the flow mid-rollout", "episodes", "rollout.rollout", "rollout-shard"),
     Fault("orm", "kill -9 of the flow during ORM labelling", "stage", "orm_label", "orm-label"),
-    Fault("replay", "kill -9 of the flow during replay selection", "stage", "select_replay", "replay-selection"),
-    Fault("critic", "kill -9 of the flow during critic training", "stage", "train_critic_stage", "train-critic"),
-    Fault("actor", "kill -9 of the flow during actor training", "stage", "train_actor_stage", "train-actor"),
+    Fault("replay", "kill -9 of the flow during replay selection", "stage", "replay_transitions", "replay-selection"),
+    Fault("critic", "kill -9 of the flow during critic training", "stage", "update_critic", "train-critic"),
+    Fault("actor", "kill -9 of the flow during actor training", "stage", "update_actor", "train-actor"),
     Fault("eval", "kill -9 of the flow mid-evaluation", "episodes", "rollout.eval", "evaluate"),
     Fault("chromium", "kill -9 of one Chromium browser mid-episode", "process", "chromium", "rollout-shard"),
     Fault("sites", "kill -9 of the embedded sites' server mid-rollout", "process", "sites", "rollout-shard"),
@@ -114,12 +120,10 @@ def _mark(folder: Path, probe: str, event: str) -> None:
 
 
 def install_probes(folder: str | Path, hold: str | None = None) -> None:
-    """Wrap the stage functions of ``webrl_core.stages`` so each writes ``<probe>.enter`` / ``.exit`` / ``.error``
+    """Wrap the stage functions of ``webrl_core.pipeline`` (in their modules) so each writes ``<probe>.enter`` / ``.exit`` / ``.error``
     (a time per call) into ``folder``; a probe named by ``hold`` (or under it: ``rollout.eval`` holds every
     eval shard) then waits at its end, so the harness's kill lands before the flow records the result. Nothing
     else changes: the Prefect task wrappers, their sources and their inputs (the cache keys) are the same."""
-    from webrl_core import stages
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -142,7 +146,8 @@ def install_probes(folder: str | Path, hold: str | None = None) -> None:
         return probed
 
     for name in PROBED:
-        setattr(stages, name, wrap(name, getattr(stages, name)))
+        module = sys.modules[STAGES[name].__module__]
+        setattr(module, name, wrap(name, getattr(module, name)))
 
 
 def probed_main() -> None:
@@ -595,8 +600,6 @@ class Harness:
 def task_states(prefect_home: Path, flow: str = "webrl-phase") -> dict[str, list[str]]:
     """{state: [task names]} of the latest run of ``flow`` in a Prefect home's database (what a re-run took from
     the cache and what it ran again)."""
-    import sqlite3
-
     db = prefect_home / "prefect.db"
     if not db.exists():
         return {}
@@ -625,7 +628,6 @@ def collect(run: str | Path) -> dict:
     """What the checks need from a finished phase-1 run directory (plain JSON)."""
     import duckdb
 
-    from webrl_core import stages
     from webrl_core.artifacts import ArtifactRef, read_json, sha256_path
     from webrl_core.config import load_config
     from webrl_core.env.rollout import plan_episode_ids
@@ -639,9 +641,9 @@ def collect(run: str | Path) -> dict:
     tasks = read_json(run / "tasks" / f"phase={PHASE}" / "tasks.json")
     test = read_json(run / "tasks" / "test.json")
     planned_r = plan_episode_ids(tasks, phase=PHASE, purpose="rollout", seed=s.run.seed,
-                                 **stages.rollout_identity(s, a0, s.policy.temperature, "rollout"))
+                                 **rollout_identity(s, a0, s.policy.temperature, "rollout"))
     planned_e = plan_episode_ids(test, phase=PHASE, purpose="eval", seed=s.run.seed,
-                                 **stages.rollout_identity(s, a1, s.policy.eval_temperature, "eval"))
+                                 **rollout_identity(s, a1, s.policy.eval_temperature, "eval"))
     store = TrajectoryStore(run)
     eps = store.sql("""SELECT episode_id, purpose, status, policy_digest, n_steps, env_score, orm_score, success
                        FROM episodes WHERE phase = $p ORDER BY episode_id""", {"p": PHASE})
@@ -781,7 +783,6 @@ def _artifacts(f: dict, c: dict, run: Path, weight_tol: float) -> dict:
 
 def _recompute(run: Path, f: dict) -> dict:
     """Recompute the phase's data-dependent outputs from the run's own stored episodes and compare."""
-    from webrl_core import stages
     from webrl_core.config import load_config
     from webrl_core.orm import OrmScorer, orm_prompt_for_episode
     from webrl_core.reproduce import reproduce_phase
@@ -799,9 +800,9 @@ def _recompute(run: Path, f: dict) -> dict:
     s = load_config(run / "config.yaml")
     store = TrajectoryStore(run)
     ids = f["planned_rollout"]
-    eps, by_ep = stages._episodes_with_steps(store, ids)
+    eps, by_ep = store.finished_episodes(ids)
     eps = [e for e in eps if by_ep.get(e["episode_id"])]
-    orm = stages.model_ref(run, 0, "orm")
+    orm = model_ref(run, 0, "orm")
     p = OrmScorer(orm.path, s.orm, s.models).p_yes(
         [orm_prompt_for_episode(e, by_ep[e["episode_id"]], s.orm.max_html_chars) for e in eps])
     off = [e["episode_id"] for e, x in zip(eps, p) if e["orm_score"] is None or abs(e["orm_score"] - float(x)) > 1e-6]

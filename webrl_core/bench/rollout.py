@@ -15,11 +15,15 @@ and their OraclePolicy).
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from webrl_core.env.browser import BrowserPool, chromium_pids
-from webrl_core.env.rollout import rollout
+from webrl_core.env.rollout import default_attempts, rollout, run_rollout
 
 
 def _pss_kb(pid: int) -> int:
@@ -46,7 +50,6 @@ def _rss_kb(pid: int) -> int:
 
 def memory_mb() -> tuple[float, float]:
     """(chromium PSS MB, python RSS MB) right now."""
-    import os
     return sum(_pss_kb(p) for p in chromium_pids()) / 1024, _rss_kb(os.getpid()) / 1024
 
 
@@ -153,9 +156,9 @@ def _bench_actor(settings, root) -> "ArtifactRef":  # noqa: F821 -- the config's
 
 
 def _local_phase(settings, run_dir, tasks, purpose, actor_ref, temperature, ident) -> None:
-    """A phase's rollout as ``stages.rollout`` runs it with ``rollout.engine: local``."""
-    from webrl_core.env.rollout import default_attempts, run_rollout
-    from webrl_core.stages import make_policy, site_session
+    """A phase's rollout as ``pipeline.experience.rollout`` runs it with ``rollout.engine: local``."""
+    from webrl_core.rollout_policy import make_policy
+    from webrl_core.sites.session import site_session
     from webrl_core.store import TrajectoryStore
 
     policy = make_policy(settings, actor_ref, temperature, purpose)
@@ -184,15 +187,10 @@ def bench_engines(settings, nodes_list: list[int] = (1, 2), policies: list[str] 
     would see it: sites and browsers started by each shard included, cluster start excluded (reported as
     ``cluster_start_s``). The local ``hf`` baseline runs twice: torch's default threads and one thread (what a
     1-CPU Ray shard gets). ``vs_local`` = steps/s over the faster local row of the same policy."""
-    import shutil
-    import tempfile
-    from pathlib import Path
-
     import ray
 
-    from webrl_core.env.rollout import default_attempts
     from webrl_core.ray_rollout import LocalRayCluster, RolloutConfig, run_on_ray
-    from webrl_core.stages import rollout_identity
+    from webrl_core.rollout_policy import rollout_identity
 
     root = Path(tempfile.mkdtemp(prefix="webrl-bench-engines-"))
     rows: list[dict] = []

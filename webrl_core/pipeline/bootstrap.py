@@ -1,0 +1,103 @@
+"""Phase 0 of the embedded default, which trains its models from scratch: a byte-level BPE tokenizer on the run's
+own corpus, the SFT actor (fine-tuned on successful oracle demonstrations, completion-only loss), the outcome
+reward model (SFT of the actor's backbone on (ORM prompt, YES/NO) pairs labelled by the sites' evaluators,
+paper Sec. 3.2) and the critic (the SFT backbone with fresh value heads, trained from phase 1 on). With a
+pretrained model the user names the SFT actor and the ORM instead (``bootstrap.sft_actor``, ``models.orm``)."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from webrl_core import launch
+from webrl_core.artifacts import ArtifactRef
+from webrl_core.critic import Critic
+from webrl_core.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
+from webrl_core.pipeline.experience import numeric
+from webrl_core.pipeline.stage import stage
+from webrl_core.prompts import build_orm_prompt
+from webrl_core.rundir import output_key, publish, versioned
+from webrl_core.store import TrajectoryStore
+from webrl_core.websites import is_success
+
+
+@stage("models", "orm")
+def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
+    """Byte-level BPE on the run's own corpus: demo prompts/actions and ORM prompts."""
+    eps, by_ep = TrajectoryStore(run_dir).finished_episodes(demos["episode_ids"])
+    texts = []
+    for e in eps:
+        steps = by_ep.get(e["episode_id"], [])
+        texts += [s["prompt"] + s["response"] for s in steps]
+        if steps:
+            texts.append(build_orm_prompt(e["intent"], [s["response"] for s in steps], steps[-1]["html"] or "",
+                                          settings.orm.max_html_chars) + "YES NO")
+    out = Path(run_dir) / "models" / "tokenizer"
+    real = versioned(out, output_key(settings, json.dumps(demos["episode_ids"])))
+    train_embedded_tokenizer(texts, settings.models.embedded.vocab_size, real)
+    publish(out, real)
+    return ArtifactRef.of(real, "model")
+
+
+@stage("run", "models", "actor", "training")
+def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
+    """Create the embedded model and fine-tune it on successful oracle demonstrations (completion-only loss)."""
+    eps, by_ep = TrajectoryStore(run_dir).finished_episodes(demos["episode_ids"])
+    pairs = [(s["prompt"], s["response"]) for e in eps if is_success(e.get("env_score"))
+             for s in by_ep.get(e["episode_id"], [])]
+    key = output_key(settings, tokenizer_ref, json.dumps(demos["episode_ids"]))
+    base = versioned(Path(run_dir) / "models" / "phase=0" / "init", key)
+    build_embedded_model(tokenizer_ref.path, settings.models.embedded, base, seed=settings.run.seed)
+    out = Path(run_dir) / "models" / "phase=0" / "actor"
+    real = versioned(out, key)
+    metrics = launch.sft_train(pairs, base, real, settings)
+    publish(out, real)
+    return ArtifactRef.of(real, "model"), {"sft_pairs": len(pairs), **numeric(metrics)}
+
+
+@stage("run", "models", "orm", "training")
+def train_orm(settings, run_dir: str, rollouts: list[dict], base_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
+    """ORM = SFT of the actor's backbone on (ORM prompt, YES/NO) labelled by the sites' evaluators; accuracy on a
+    held-out share of the examples."""
+    ids = sorted({i for r in rollouts for i in r["episode_ids"]})
+    eps, by_ep = TrajectoryStore(run_dir).finished_episodes(ids)
+    labels = {e["episode_id"]: is_success(e.get("env_score")) for e in eps}
+    examples = orm_examples_from_episodes(eps, by_ep, labels, settings.orm.max_html_chars)
+    examples = balance_classes(examples, seed=settings.run.seed)
+    train, held = split_examples(examples, settings.orm.eval_fraction, seed=settings.run.seed)
+    out = Path(run_dir) / "models" / "phase=0" / "orm"
+    real = versioned(out, output_key(settings, base_ref, json.dumps(ids)))
+    launch.train_orm(train, base_ref.path, real, settings.orm, settings.models, seed=settings.run.seed,
+                     training=settings.training)
+    publish(out, real)
+    metrics = evaluate_orm(OrmScorer(real, settings.orm, settings.models), held) if held else {}
+    metrics = {f"orm_heldout_{k}": v for k, v in numeric(metrics).items()}
+    metrics.update(orm_train_examples=len(train), orm_heldout_examples=len(held),
+                   orm_positive_share=sum(labels.values()) / max(1, len(labels)))
+    return ArtifactRef.of(real, "model"), metrics
+
+
+def balance_classes(examples: list[dict], seed: int) -> list[dict]:
+    """Subsample the majority label so YES and NO are equally frequent: with the oracle demos the raw data is
+    mostly YES, and an ORM trained on it learns the prior (P(YES) above 0.5 for everything)."""
+    yes = [e for e in examples if e["completion"] == "YES"]
+    no = [e for e in examples if e["completion"] != "YES"]
+    n = min(len(yes), len(no))
+    if n == 0:
+        return examples
+    rng = random.Random(seed)
+    return sorted(rng.sample(yes, n) + rng.sample(no, n), key=lambda e: e["episode_id"])
+
+
+@stage("run", "models", "critic")
+def init_critic(settings, run_dir: str, actor_ref: ArtifactRef) -> ArtifactRef:
+    """Critic = SFT backbone + two fresh heads (trained from phase 1 on)."""
+    out = Path(run_dir) / "models" / "phase=0" / "critic"
+    real = versioned(out, output_key(settings, actor_ref))
+    Critic.from_backbone(actor_ref.path, head_init_std=settings.critic.head_init_std,
+                         max_length=settings.models.max_length, dtype=settings.models.dtype,
+                         device=settings.models.device, seed=settings.run.seed).save(real)
+    publish(out, real)
+    return ArtifactRef.of(real, "model")

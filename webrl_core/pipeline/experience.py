@@ -1,0 +1,167 @@
+"""Experience: rollouts of a task set, their labels, and the training samples built from them.
+
+Labels: in phase 0 the sites' evaluators (``label_with_env``); in phase k the outcome reward model
+(``orm_label``: success iff P(YES) >= ``orm.threshold``, paper Sec. 3.2), whose agreement with the evaluators is
+reported. Samples: step-level transitions of the phase's episodes (official ``process_data.py``, stage 1), and
+the perplexity replay set: successful steps of earlier phases in the current lineage whose 1/PPL under the
+phase-start actor lies in (``replay.low``, ``replay.high``], at most ``replay.cap_ratio`` x the new steps
+(paper Sec. 3.3, "experience replay buffer with actor confidence filtering").
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from webrl_core.artifacts import ArtifactRef, read_json
+from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
+from webrl_core.models import load_causal_lm, load_tokenizer
+from webrl_core.orm import OrmScorer, orm_prompt_for_episode
+from webrl_core.pipeline.stage import stage
+from webrl_core.ray_rollout import run_on_ray
+from webrl_core.replay import score_replay
+from webrl_core.rollout_policy import lineage, make_policy, rollout_identity
+from webrl_core.rundir import labelled_state, output_key, phase_dir, read_jsonl, write_jsonl_version
+from webrl_core.sites.session import site_session
+from webrl_core.store import TrajectoryStore
+from webrl_core.transitions import build_transitions
+from webrl_core.websites import is_success
+
+ROLLOUT_SECTIONS = ("run", "sites", "env", "policy", "models", "prompt", "rollout")
+
+
+@stage(*ROLLOUT_SECTIONS)
+def rollout(settings, run_dir: str, phase: int, purpose: str, tasks_ref: ArtifactRef,
+            actor_ref: ArtifactRef | None, temperature: float, shard: int = 0, n_shards: int = 1) -> dict:
+    """Roll out a shard of a task set; every finished episode goes to the store as it ends.
+
+    Resumable: an episode whose id (task content, policy identity, settings, seed, attempt; see
+    ``webrl_core.identity``) is already stored without error is reused, so a killed rollout re-run loses at most
+    the episodes that were in flight and duplicates nothing, while a changed policy or knob gets new episodes.
+    Fails when more than ``env.max_error_rate`` of the shard's episodes errored (they stay stored)."""
+    tasks = read_json(tasks_ref)[shard::n_shards]
+    store = TrajectoryStore(run_dir)
+    seed = settings.run.seed
+    ident = rollout_identity(settings, actor_ref, temperature, purpose)
+    ids = plan_episode_ids(tasks, phase=phase, purpose=purpose, seed=seed, **ident)
+    done = {e["episode_id"] for e in store.sql(
+        "SELECT episode_id FROM episodes WHERE episode_id IN (SELECT unnest($ids)) AND status <> 'error'", {"ids": ids})}
+    todo = [(t, a) for t, a, i in zip(tasks, default_attempts(tasks), ids) if i not in done]
+    if todo and settings.rollout.engine == "ray":  # shards on a Ray cluster; the driver writes the store
+        run_on_ray(settings, settings.rollout, run_dir, phase, purpose, [t for t, _ in todo], [a for _, a in todo],
+                   actor_ref, temperature, ident)
+    elif todo:
+        policy = make_policy(settings, actor_ref, temperature, purpose)
+        with site_session(settings) as hooks:
+            run_rollout([t for t, _ in todo], policy, settings.env.n_envs, cfg=settings.env, hooks=hooks, store=store,
+                        phase=phase, purpose=purpose, seed=seed, attempts=[a for _, a in todo], progress=True,
+                        screenshot_dir=Path(run_dir) / "screenshots", **ident)
+    rows = {e["episode_id"]: e for e in store.sql(
+        "SELECT * FROM episodes WHERE episode_id IN (SELECT unnest($ids))", {"ids": ids})}
+    missing = [i for i in ids if i not in rows]
+    if missing:
+        raise RuntimeError(f"rollout of {purpose} phase {phase} shard {shard}: {len(missing)} episode(s) were not "
+                           f"stored, e.g. {missing[:3]}")
+    got = [rows[i] for i in ids]
+    out = {"episode_ids": ids, "n": len(got), "policy_digest": ident["policy_digest"],
+           "env_success": sum(1 for e in got if e["status"] != "error" and is_success(e.get("env_score"))),
+           "errors": sum(1 for e in got if e["status"] == "error"), "skipped_existing": len(tasks) - len(todo)}
+    check_error_rate(settings.env.max_error_rate, f"rollout of {purpose} phase {phase} shard {shard}", got)
+    return out
+
+
+def check_error_rate(limit: float, what: str, episodes: list[dict]) -> None:
+    """Fail a stage whose share of errored episodes exceeds ``limit``, naming the first errors."""
+    errs = [e for e in episodes if e["status"] == "error"]
+    if episodes and len(errs) / len(episodes) > limit:
+        first = "\n".join(f"  {e['episode_id']}: {(e.get('error') or '?').strip().splitlines()[0][:300]}"
+                          for e in errs[:3])
+        raise RuntimeError(f"{what}: {len(errs)} of {len(episodes)} episodes errored ({len(errs) / len(episodes):.0%} > "
+                           f"env.max_error_rate={limit:g}); the errored ones are stored and re-run on the next "
+                           f"attempt. First errors:\n{first}")
+
+
+def merge_rollouts(shards: list[dict]) -> dict:
+    """One rollout result from its shards'."""
+    ids = sorted(i for s in shards for i in s["episode_ids"])
+    return {"episode_ids": ids, "n": len(ids), "env_success": sum(s["env_success"] for s in shards),
+            "errors": sum(s["errors"] for s in shards),
+            "policy_digest": shards[0]["policy_digest"] if shards else None}
+
+
+@stage()
+def label_with_env(run_dir: str, rollouts: dict) -> dict:
+    """Bootstrap labels: the sites' own evaluators."""
+    store = TrajectoryStore(run_dir)
+    eps, _ = store.finished_episodes(rollouts["episode_ids"])
+    store.update_episodes([{"episode_id": e["episode_id"], "success": is_success(e.get("env_score"))} for e in eps])
+    n_ok = sum(1 for e in eps if is_success(e.get("env_score")))
+    return {"n": len(eps), "success_rate": n_ok / max(1, len(eps))}
+
+
+@stage("models", "orm")
+def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: ArtifactRef) -> dict:
+    """ORM P(YES) for every episode; success iff P(YES) >= threshold. Agreement with the sites' evaluators."""
+    store = TrajectoryStore(run_dir)
+    eps, by_ep = store.finished_episodes(rollouts["episode_ids"])
+    eps = [e for e in eps if by_ep.get(e["episode_id"])]
+    scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
+    p = scorer.p_yes([orm_prompt_for_episode(e, by_ep[e["episode_id"]], settings.orm.max_html_chars) for e in eps])
+    thr = settings.orm.threshold
+    store.update_episodes([{"episode_id": e["episode_id"], "orm_score": float(x), "success": bool(x >= thr)}
+                           for e, x in zip(eps, p)])
+    store.write_scores([{"kind": "orm_p_yes", "episode_id": e["episode_id"], "phase": phase, "value": float(x),
+                         "model_id": orm_ref.sha256[:12]} for e, x in zip(eps, p)])
+    truth = [is_success(e.get("env_score")) for e in eps]
+    pred = [x >= thr for x in p]
+    tp = sum(a and b for a, b in zip(pred, truth))
+    fp = sum(a and not b for a, b in zip(pred, truth))
+    fn = sum(b and not a for a, b in zip(pred, truth))
+    n = len(eps)
+    return {"episodes": n, "orm_success_rate": sum(pred) / max(1, n), "env_success_rate": sum(truth) / max(1, n),
+            "orm_accuracy": sum(a == b for a, b in zip(pred, truth)) / max(1, n),
+            "orm_precision": tp / max(1, tp + fp), "orm_recall": tp / max(1, tp + fn)}
+
+
+@stage("actor")
+def phase_transitions(settings, run_dir: str, phase: int, rollouts: dict) -> tuple[ArtifactRef, dict]:
+    """Step-level transitions of the phase's labelled episodes (official ``process_data.py``, stage 1)."""
+    store = TrajectoryStore(run_dir)
+    eps, by_ep = store.finished_episodes(rollouts["episode_ids"])
+    samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
+    ref = write_jsonl_version(samples, phase_dir(run_dir, "data", phase) / "samples.jsonl",
+                              output_key(settings, json.dumps(rollouts["episode_ids"]),
+                                         labelled_state(run_dir, phase, rollouts.get("policy_digest"))))
+    return ref, {"samples": len(samples), "positive_samples": sum(1 for s in samples if s["trajectory_reward"] > 0)}
+
+
+@stage("run", "models", "replay", "actor", "policy")
+def replay_transitions(settings, run_dir: str, phase: int, actor_ref: ArtifactRef, samples_ref: ArtifactRef
+                       ) -> tuple[ArtifactRef, dict]:
+    """Successful steps of phases < k in the current lineage with 1/PPL under the phase-start actor in
+    (low, high], capped at cap_ratio x the phase's new steps, as transitions with their ``rank_score``."""
+    rc = settings.replay
+    n_current = len(read_jsonl(samples_ref))
+    out = phase_dir(run_dir, "data", phase) / "replay.jsonl"
+    key = output_key(settings, actor_ref, samples_ref)
+    if not rc.enabled:
+        return write_jsonl_version([], out, key), {"replay_candidates": 0, "replay_kept": 0}
+    store = TrajectoryStore(run_dir)
+    rows = store.successful_steps(before_phase=phase, lineage=lineage(settings, run_dir, phase))
+    model = load_causal_lm(actor_ref.path, settings.models)
+    tok = load_tokenizer(actor_ref.path)
+    picked, info = score_replay(rows, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
+                                max_length=settings.models.max_length, batch_size=rc.batch_size,
+                                seed=settings.run.seed, progress=True)
+    rank = {(r["episode_id"], r["idx"]): r["rank_score"] for r in picked}
+    eps, by_ep = store.finished_episodes(sorted({e for e, _ in rank}))
+    samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
+    kept = [dict(x, rank_score=rank[(x["episode_id"], x["step_idx"])]) for x in samples
+            if (x["episode_id"], x["step_idx"]) in rank]
+    ref = write_jsonl_version(kept, out, key)
+    return ref, {"replay_candidates": len(rows), "replay_kept": len(kept), **numeric(info)}
+
+
+def numeric(d: dict | None) -> dict[str, float]:
+    """The numeric entries of a metrics dict, as floats (what MLflow logs)."""
+    return {k: float(v) for k, v in (d or {}).items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -1,0 +1,134 @@
+"""The self-evolving curriculum of a phase (paper Sec. 3.1): new instructions generated "in breadth" from the
+tasks the agent failed in phase k-1, then filtered by the critic: keep a task when the critic's value of its
+start page (the Round-0 prompt) lies in [``filter_low``, ``filter_high``] (0.05 and 0.75 in the paper), so tasks
+are neither hopeless nor already solved. In phase 1 there is no trained critic yet: the filter is skipped, or
+uses the ORM's P(YES) on the start page (``curriculum.phase1_filter: orm``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import random
+
+from webrl_core import identity
+from webrl_core.artifacts import ArtifactRef, read_json
+from webrl_core.critic import Critic
+from webrl_core.curriculum import ChatGenerator, EmbeddedGenerator, HFGenerator, dedupe, filter_by_value, top_up
+from webrl_core.env.browser import BrowserPool
+from webrl_core.env.web_env import WebEnv
+from webrl_core.orm import OrmScorer
+from webrl_core.pipeline.stage import stage
+from webrl_core.pipeline.task_sets import count_sites
+from webrl_core.prompts import build_orm_prompt, round0_prompt
+from webrl_core.rollout_policy import phase_policy_digest
+from webrl_core.rundir import labelled_state, output_key, phase_dir, write_json_version
+from webrl_core.sites.session import site_session
+from webrl_core.sites.tasks import vary_task
+from webrl_core.store import TrajectoryStore
+
+SEED_TASKS_SQL = """SELECT DISTINCT e.site, e.task_id, e.intent, t.config_json FROM episodes e
+                    JOIN tasks t USING (task_id) WHERE e.phase = $p AND e.purpose = $pur AND e.policy_digest = $pd
+                    {only_failed} ORDER BY e.site, e.task_id"""
+
+
+@stage("run", "curriculum", "policy")
+def generate_tasks(settings, run_dir: str, phase: int, seed_purpose: str) -> tuple[ArtifactRef, dict]:
+    """In-breadth evolving from phase k-1's failed tasks (all its tasks when none failed); de-duplicated against
+    every task of earlier phases."""
+    store = TrajectoryStore(run_dir)
+    prev = phase - 1
+    args = {"p": prev, "pur": seed_purpose, "pd": phase_policy_digest(settings, run_dir, prev)}
+    seeds = store.sql(SEED_TASKS_SQL.format(only_failed="AND e.success = false"), args)
+    seed_source = "failed tasks"
+    if not seeds:  # nothing failed (or the ORM says so): evolve from all of the previous phase's tasks instead
+        seed_source = "all tasks (no failures)"
+        seeds = store.sql(SEED_TASKS_SQL.format(only_failed=""), args)
+    by_site: dict[str, list[dict]] = {}
+    for r in seeds:
+        by_site.setdefault(r["site"], []).append({"task_id": r["task_id"], "intent": r["intent"],
+                                                   "config": json.loads(r["config_json"])})
+    cur = settings.curriculum
+    if cur.generator == "embedded":
+        gen = EmbeddedGenerator(vary_task)
+    elif cur.generator == "openai":
+        gen = ChatGenerator(cur.base_url, cur.model_name, os.environ.get(settings.policy.api_key_env),
+                            cur.generation_turns, cur.seed_num)
+    else:
+        gen = HFGenerator(cur.base_url or "", cur.model_name, None, cur.generation_turns, cur.seed_num,
+                          model_dir=cur.hf_model or "")
+    rng = random.Random(settings.run.seed * 7919 + phase)
+    # over-generate so the filter can still keep tasks_per_phase
+    n_per_site = max(1, (2 * cur.tasks_per_phase) // max(1, len(by_site))) if by_site else 0
+    cands = gen.generate(by_site, rng, n_per_site)
+    # de-duplicate against the tasks of earlier phases (train pools, test set, earlier generations), not against
+    # this phase's own earlier output: a re-run must generate the same tasks again
+    seen = [r["intent"] for r in store.sql("SELECT intent FROM tasks WHERE phase < $p", {"p": phase})]
+    cands = dedupe(cands, seen)
+    for c in cands:
+        c["task_id"] = identity.generated_task_id(phase, c)
+    ref = write_json_version(cands, phase_dir(run_dir, "tasks", phase) / "generated.json",
+                             output_key(settings, labelled_state(run_dir, prev, args["pd"])))
+    return ref, {"seed_source": seed_source, "seeds": len(seeds), "generated": len(cands),
+                 **{f"generated_{k}": v for k, v in count_sites(cands).items()}}
+
+
+def start_page_html(settings, tasks: list[dict]) -> dict[str, str]:
+    """Simplified HTML of each distinct start URL (the Round-0 observation the critic scores), via WebEnv.reset."""
+    firsts: dict[str, dict] = {}
+    for t in tasks:
+        firsts.setdefault(t["start_url"], t)
+
+    async def observe(hooks) -> dict[str, str]:
+        out = {}
+        async with BrowserPool(settings.env) as pool:
+            env = WebEnv(pool, settings.env, hooks)
+            for i, (url, task) in enumerate(sorted(firsts.items())):
+                obs = await env.reset(task, f"start-page-{i}")
+                out[url] = obs.html
+            await env.close()
+        return out
+
+    with site_session(settings) as hooks:
+        return asyncio.run(observe(hooks))
+
+
+@stage("run", "sites", "env", "models", "critic", "curriculum", "orm")
+def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef, critic_ref: ArtifactRef | None,
+                 trained_critic: bool, orm_ref: ArtifactRef | None) -> tuple[ArtifactRef, dict]:
+    """Keep tasks whose value on the Round-0 start-page prompt lies in [filter_low, filter_high]; top up to
+    ``min_kept_fraction`` of ``tasks_per_phase`` with the nearest dropped ones; at most ``tasks_per_phase``."""
+    cands = read_json(candidates_ref)
+    cc, cur = settings.critic, settings.curriculum
+    how = "critic"
+    if not cands:
+        kept, dropped = [], []
+    elif trained_critic and critic_ref is not None:
+        pages = start_page_html(settings, cands)
+        prompts = [round0_prompt(t["intent"], pages.get(t["start_url"], ""), settings.env.obs_char_budget)
+                   for t in cands]
+        critic = Critic.load(critic_ref.path, settings.models.dtype, settings.models.device, settings.models.max_length)
+        v, p1, p2 = critic.values(prompts, batch_size=cc.batch_size)
+        kept, dropped = filter_by_value(cands, list(zip(v.tolist(), p1.tolist(), p2.tolist())), cc.filter_low,
+                                        cc.filter_high)
+    elif cur.phase1_filter == "orm" and orm_ref is not None:
+        how = "orm"
+        pages = start_page_html(settings, cands)
+        scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
+        p = scorer.p_yes([build_orm_prompt(t["intent"], [], pages.get(t["start_url"], ""), settings.orm.max_html_chars)
+                          for t in cands])
+        kept, dropped = filter_by_value(cands, [(x, x, x) for x in p], cc.filter_low, cc.filter_high)
+    else:
+        how = "skip (no trained critic in phase 1)"
+        kept, dropped = list(cands), []
+    n_passed = len(kept)
+    kept = top_up(kept, dropped, math.ceil(cur.min_kept_fraction * cur.tasks_per_phase), cc.filter_low, cc.filter_high)
+    rng = random.Random(settings.run.seed * 31 + phase)
+    rng.shuffle(kept)
+    kept = sorted(kept[: cur.tasks_per_phase], key=lambda t: t["task_id"])
+    ref = write_json_version(kept, phase_dir(run_dir, "tasks", phase) / "filtered.json",
+                             output_key(settings, candidates_ref, critic_ref, trained_critic, orm_ref))
+    return ref, {"filter": how, "candidates": len(cands), "kept_by_critic": n_passed, "kept": len(kept),
+                 "topped_up": sum(1 for t in kept if t.get("filter_top_up")), "dropped": len(dropped),
+                 **{f"kept_{k}": v for k, v in count_sites(kept).items()}}

@@ -1,0 +1,52 @@
+"""The phase's model updates, in the paper's order (Algorithm 1): the critic first (on the phase's transitions
+and the replay set), then the actor with the KL-constrained objective (paper Eq. 4-5) against the phase-start
+actor as reference, its advantages from the new critic. Training itself is ``webrl_core.training`` (in-process)
+or an accelerate job (``webrl_core.launch``, section ``training``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from webrl_core import launch
+from webrl_core.artifacts import ArtifactRef
+from webrl_core.pipeline.experience import numeric
+from webrl_core.pipeline.stage import stage
+from webrl_core.rundir import output_key, publish, read_jsonl, versioned
+
+
+def train_or_carry_over(out: Path, real: Path, samples: list[dict], prev_ref: ArtifactRef,
+                        train: Callable[[list[dict], Path], dict]) -> tuple[ArtifactRef, dict]:
+    """Train into ``real`` and publish it as ``out``; with no samples (no new data, no replay) the previous
+    model carries over unchanged, recorded as skipped."""
+    if samples:
+        metrics = numeric(train(samples, real))
+    else:
+        shutil.copytree(prev_ref.path, real)
+        metrics = {"n_samples": 0.0, "skipped": 1.0}
+    publish(out, real)
+    return ArtifactRef.of(real, "model"), metrics
+
+
+@stage("run", "models", "actor", "critic", "training")
+def update_critic(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, replay_ref: ArtifactRef,
+                  backbone_ref: ArtifactRef, prev_critic_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
+    """Critic k from critic k-1 on the phase's transitions and the replay set."""
+    out = Path(run_dir) / "models" / f"phase={phase}" / "critic"
+    real = versioned(out, output_key(settings, samples_ref, replay_ref, backbone_ref, prev_critic_ref))
+    return train_or_carry_over(
+        out, real, read_jsonl(samples_ref) + read_jsonl(replay_ref), prev_critic_ref,
+        lambda samples, dst: launch.train_critic(samples, backbone_ref.path, dst, settings,
+                                                 resume=prev_critic_ref.path))
+
+
+@stage("run", "models", "actor", "critic", "training")
+def update_actor(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, replay_ref: ArtifactRef,
+                 actor_ref: ArtifactRef, critic_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
+    """Actor k from actor k-1 (also the KL reference) with advantages from critic k."""
+    out = Path(run_dir) / "models" / f"phase={phase}" / "actor"
+    real = versioned(out, output_key(settings, samples_ref, replay_ref, actor_ref, critic_ref))
+    return train_or_carry_over(
+        out, real, read_jsonl(samples_ref) + read_jsonl(replay_ref), actor_ref,
+        lambda samples, dst: launch.train_actor(samples, actor_ref.path, dst, settings, critic_dir=critic_ref.path))

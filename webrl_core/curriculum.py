@@ -1,8 +1,8 @@
 """Self-evolving curriculum: in-breadth task generation from failures, critic filtering, de-duplication.
 
-Generation (webrl_spec.md §5.1): per site, ``generation_turns`` times, sample up to ``seed_num`` failed
-instructions of the previous phase and ask a generator for new tasks "in breadth": same domain and
-difficulty, more diverse, reusing the variable values of the examples. Generators:
+Generation (WebRL paper, arXiv 2411.02337, Sec. 3.1): per site, ``generation_turns`` times, sample up to
+``seed_num`` failed instructions of the previous phase and ask a generator for new tasks "in breadth": same domain
+and difficulty, more diverse, reusing the variable values of the examples. Generators:
 
 - ``EmbeddedGenerator``: for the embedded sites, varies each failed task within its site family
   (``webrl_core.sites.vary_task``), so new tasks come with verifiable evaluators;
@@ -10,7 +10,7 @@ difficulty, more diverse, reusing the variable values of the examples. Generator
   backtick-enclosed span of the reply is a new task, wrapped in a config with a dummy evaluator;
 - ``HFGenerator``: the same prompt through a local Hugging Face causal LM.
 
-Filter (§5.2): keep a task iff  low <= V(Round-0 prompt on its start page) <= high  with the critic's
+Filter (same section): keep a task iff  low <= V(Round-0 prompt on its start page) <= high  with the critic's
 V = min of the two heads ([0.05, 0.75] by default; the official filter ORs the heads, we record both).
 Phase 1 has no trained critic: ``phase1_filter: skip`` keeps all, ``orm`` uses the ORM's P(YES) of the
 empty trajectory instead; the choice is recorded in the phase summary.
@@ -28,6 +28,8 @@ import random
 import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
+
+import openai
 
 from webrl_core.env.webarena import make_generated_task_config
 
@@ -114,16 +116,21 @@ class ChatGenerator:
     seed_num: int = 10
     name: str = "openai"
     timeout_s: float = 120.0
+    retries: int = 0  # tries after a failed one (timeouts, connection errors, 429, 5xx; the SDK's max_retries)
 
     def complete(self, prompt: str) -> str:
-        import httpx
-
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        r = httpx.post(self.base_url.rstrip("/") + "/chat/completions", headers=headers, timeout=self.timeout_s,
-                       json={"model": self.model_name, "temperature": 1.0, "top_p": 1.0,
-                             "messages": [{"role": "user", "content": prompt}]})
-        r.raise_for_status()
-        return r.json()["choices"][0]["message"]["content"]
+        url = self.base_url.rstrip("/")
+        try:
+            # no api_key: no Authorization header (the SDK insists on a key, so it gets one it never sends)
+            no_auth = {} if self.api_key else {"extra_headers": {"Authorization": openai.Omit()}}
+            with openai.OpenAI(base_url=url, api_key=self.api_key or "unused", timeout=self.timeout_s,
+                               max_retries=self.retries) as client:
+                reply = client.chat.completions.create(model=self.model_name, temperature=1.0, top_p=1.0,
+                                                       messages=[{"role": "user", "content": prompt}], **no_auth)
+            return reply.choices[0].message.content
+        except (openai.APIError, ValueError, AttributeError, IndexError, TypeError) as e:
+            raise RuntimeError(f"curriculum generator {url}/chat/completions (model {self.model_name!r}) failed: "
+                               f"{type(e).__name__}: {e}") from None
 
     def generate(self, failed_by_site: dict[str, list[dict]], rng: random.Random, n_per_site: int) -> list[dict]:
         out = []

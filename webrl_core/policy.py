@@ -6,9 +6,10 @@
   ``generate`` (KV cache; temperature/top-p sampling, greedy at temperature 0). Generation stops at ``<|eot_id|>``
   or EOS; the response is the text before the stop token. The blocking ``generate`` runs in a worker thread, so the
   event loop keeps serving the browsers while the model works.
-- ``OpenAIPolicy``: an OpenAI-compatible server (vLLM, SGLang, TGI) via httpx with at most ``concurrency``
-  requests in flight; ``/completions`` with the raw WebRL prompt (style "completion") or ``/chat/completions`` with
-  ``prompts.build_chat_messages`` built from the step contexts (style "chat"). Both stop at ``<|eot_id|>``.
+- ``OpenAIPolicy``: an OpenAI-compatible server (vLLM, SGLang, TGI) through the ``openai`` SDK with at most
+  ``concurrency`` requests in flight; ``/completions`` with the raw WebRL prompt (style "completion") or
+  ``/chat/completions`` with ``prompts.build_chat_messages`` built from the step contexts (style "chat"). Both stop
+  at ``<|eot_id|>``. Timeouts, connection errors, 429 and 5xx answers are retried by the SDK (``retries`` tries).
 - ``openai_app(policy)``: a tiny OpenAI-compatible Starlette app around an ``HFPolicy``, so the embedded model can be
   served exactly like a vLLM endpoint (used by the tests and for local runs without vLLM).
 """
@@ -22,7 +23,12 @@ import time
 import uuid
 from pathlib import Path
 
+import openai
 import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
 from webrl_core.agent_api import StepContext
 from webrl_core.artifacts import sha256_path
@@ -139,43 +145,34 @@ class OpenAIPolicy:
             return "/chat/completions", {**body, "messages": msgs}
         return "/completions", {**body, "prompt": prompt}
 
-    async def _one(self, client, sem: asyncio.Semaphore, prompt: str, ctx: StepContext | None) -> str:
-        import httpx
+    def _client(self) -> openai.AsyncOpenAI:
+        """An SDK client for one ``act`` call (its connections belong to the calling event loop). ``retries`` counts
+        tries, the SDK's ``max_retries`` the ones after the first."""
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", timeout=self.timeout_s,
+                                  max_retries=max(self.retries - 1, 0))
 
+    async def _one(self, client: openai.AsyncOpenAI, sem: asyncio.Semaphore, prompt: str,
+                   ctx: StepContext | None) -> str:
         path, body = self._request(prompt, ctx)
-        last_err: Exception | None = None
+        create = (client.chat.completions if self.style == "chat" else client.completions).with_raw_response.create
         async with sem:
-            for attempt in range(self.retries):
-                try:
-                    r = await client.post(self.base_url + path, json=body)
-                    if r.status_code >= 500 or r.status_code == 429:
-                        raise httpx.HTTPStatusError(f"HTTP {r.status_code}: {r.text[:200]}", request=r.request,
-                                                    response=r)
-                    r.raise_for_status()
-                    try:
-                        choice = r.json()["choices"][0]
-                        return choice["message"]["content"] if self.style == "chat" else choice["text"]
-                    except (ValueError, KeyError, IndexError, TypeError) as e:  # not retried: it will not improve
-                        raise RuntimeError(f"{self.base_url}{path} (model {self.model_name!r}) answered "
-                                           f"{r.text[:200]!r}, not a completion ({type(e).__name__}: {e})") from None
-                except (httpx.TransportError, httpx.HTTPStatusError) as e:
-                    last_err = e
-                    status = getattr(getattr(e, "response", None), "status_code", 500)
-                    if isinstance(e, httpx.HTTPStatusError) and status < 500 and status != 429:
-                        break  # a client error does not get better by retrying
-                    await asyncio.sleep(0.5 * 2 ** attempt)
-        raise RuntimeError(f"OpenAI-compatible request to {self.base_url}{path} (model {self.model_name!r}) "
-                           f"failed: {last_err}")
+            try:
+                raw = await create(**body)
+            except openai.APIError as e:
+                raise RuntimeError(f"OpenAI-compatible request to {self.base_url}{path} (model {self.model_name!r}) "
+                                   f"failed: {e}") from None
+        try:  # not retried: it will not improve
+            choice = raw.parse().choices[0]
+            return choice.message.content if self.style == "chat" else choice.text
+        except (ValueError, AttributeError, IndexError, TypeError) as e:
+            raise RuntimeError(f"{self.base_url}{path} (model {self.model_name!r}) answered {raw.text[:200]!r}, "
+                               f"not a completion ({type(e).__name__}: {e})") from None
 
     async def act(self, prompts: list[str], contexts: list[StepContext] | None = None) -> list[str]:
-        import httpx
-
         if not prompts:
             return []
         sem = asyncio.Semaphore(self.cfg.concurrency)
-        limits = httpx.Limits(max_connections=self.cfg.concurrency)
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits, headers=headers) as client:
+        async with self._client() as client:
             return list(await asyncio.gather(*[self._one(client, sem, p, contexts[i] if contexts else None)
                                                for i, p in enumerate(prompts)]))
 
@@ -185,19 +182,18 @@ def served_model_digest(base_url: str | None, model_name: str | None, api_key_en
     """What an OpenAI-compatible endpoint says it serves under ``model_name`` (``GET /models``): our own server
     reports the checkpoint's sha256 (``webrl_digest``), vLLM and SGLang the weights' path (``root``). The part of
     a policy's identity the endpoint can vouch for; ``unverified`` when it reports neither."""
-    import httpx
-
     if not base_url or "://" not in base_url:
         raise ValueError(f"policy.base_url={base_url!r} is not a URL like http://127.0.0.1:8000/v1")
     if not model_name:
         raise ValueError("policy.model_name is empty; the endpoint needs a model name")
     url = base_url.rstrip("/") + "/models"
-    headers = {"Authorization": f"Bearer {os.environ.get(api_key_env, 'EMPTY')}"}
     try:
-        r = httpx.get(url, headers=headers, timeout=timeout_s)
-        r.raise_for_status()
-        cards = r.json().get("data") or []
-    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        with openai.OpenAI(base_url=base_url.rstrip("/"), api_key=os.environ.get(api_key_env) or "EMPTY",
+                           timeout=timeout_s, max_retries=0) as client:
+            page = client.models.list()
+        # the SDK keeps the fields it does not know (webrl_digest, root): to_dict() has them all
+        cards = [c.to_dict() if isinstance(c, openai.BaseModel) else c for c in getattr(page, "data", None) or []]
+    except (openai.APIError, ValueError, AttributeError, TypeError) as e:
         raise RuntimeError(f"policy endpoint policy.base_url={base_url!r} did not answer GET {url}: "
                            f"{type(e).__name__}: {e}") from None
     card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model_name), None)
@@ -212,11 +208,6 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
                batch_wait_s: float = 0.01):
     """OpenAI-compatible ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` around an HFPolicy.
     Requests that arrive together (within ``batch_wait_s``) are generated in one batch, like a serving engine."""
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
-
     max_batch = max_batch or policy.cfg.batch_size
     queue: list[tuple[str, float, int, asyncio.Future]] = []
     wake = asyncio.Event()

@@ -1,4 +1,4 @@
-"""The one WebRL prompt builder (webrl_spec.md §6.4, §3.1).
+"""The one WebRL prompt builder: the prompt format of the official WebRL code (arXiv 2411.02337).
 
 Invariant (official code): rollout, ORM, perplexity, critic and training all see byte-identical
 prompt strings, so every stage calls these functions and nothing else builds prompts.
@@ -109,7 +109,8 @@ def fold_response(response: str) -> str:
 
 
 def build_orm_prompt(intent: str, responses: list[str], final_html: str, max_chars: int = 12000) -> str:
-    """ORM input (webrl_spec.md §3.1), Llama-3 style headers built by hand; the HTML is cut, never the question."""
+    """ORM input (the outcome-supervised reward model, paper Sec. 3.2), Llama-3 style headers built by hand; the HTML
+    is cut, never the question."""
     history = "\n".join(fold_response(r) for r in responses)
     head = (f"{BOS}{SYSTEM_HEADER}\n\n{ORM_SYSTEM}{EOT}<|start_header_id|>user<|end_header_id|>\n\n"
             f"The User Intent:\n{intent}\n\nAction History:\n{history}\n\nThe Current Screenshot:\n")

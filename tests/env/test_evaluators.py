@@ -6,6 +6,8 @@ import asyncio
 import copy
 import json
 import re
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -223,6 +225,25 @@ def test_judge_errors_are_reported(judge):
     _JudgeHandler.fail = True
     with pytest.raises(ev.JudgeError, match="judge-mini"):
         run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
+    assert len(_JudgeHandler.requests) == 1  # retries=0
+    _JudgeHandler.requests.clear()
+    judge.retries = 1  # the SDK retries a 5xx answer
+    with pytest.raises(ev.JudgeError, match=r"judge http://127.0.0.1:\d+/v1 \(model judge-mini\) failed .*500"):
+        run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
+    assert len(_JudgeHandler.requests) == 2
+
+
+def test_judge_without_a_key_sends_no_authorization(judge, monkeypatch):
+    monkeypatch.delenv("WEBRL_TEST_JUDGE_KEY")
+    assert run(ev.evaluate_string_match(_fuzzy_task(["4.2 km"]), "4.2 km", judge))[0] == 1.0
+    (req,) = _JudgeHandler.requests
+    assert req["auth"] is None and req["body"]["max_tokens"] == 768 and req["path"] == "/v1/chat/completions"
+
+
+def test_evaluators_do_not_import_the_task_file_module():
+    # webarena.py imports evaluators.py (URL rules, func: parsing); the other way round would be a cycle
+    code = "import sys, webrl_core.env.evaluators; assert 'webrl_core.env.webarena' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
 
 
 def test_verdict_parsing():

@@ -98,6 +98,30 @@ BAD = [
     ("duplicate id", lambda t: t[1].update(task_id=0), "task_id 0 appears 2 times"),
     ("empty tab", lambda t: t[4].update(start_url="__SHOPPING__/a |AND|  |AND| __SHOPPING__/c"),
      "field 'start_url': tab 1"),
+    ("not an object", lambda t: t.__setitem__(3, ["x"]), "task #3 (task_id=None): expected a task object, got list"),
+    ("bool id", lambda t: t[1].update(task_id=True), "field 'task_id': expected int or str, got bool True"),
+    ("blank intent", lambda t: t[1].update(intent="  "), "field 'intent': expected a non-empty str, got str '  '"),
+    ("eval not an object", lambda t: t[1].update(eval=[]), "field 'eval': expected an object, got list"),
+    ("no eval_types", lambda t: t[1]["eval"].pop("eval_types"),
+     "field 'eval.eval_types': expected a non-empty list of str, got None"),
+    ("reference_answers list", lambda t: t[0]["eval"].update(reference_answers=["x"]),
+     "field 'eval.reference_answers': expected an object or null, got list"),
+    ("string_match without answers", lambda t: t[0]["eval"].update(reference_answers={}),
+     "field 'eval.reference_answers': string_match needs a non-empty reference_answers object"),
+    ("exact_match int", lambda t: t[0]["eval"]["reference_answers"].update(exact_match=3),
+     "field 'eval.reference_answers.exact_match': expected str, got int"),
+    ("fuzzy_match str", lambda t: t[1]["eval"]["reference_answers"].update(fuzzy_match="4 km"),
+     "field 'eval.reference_answers.fuzzy_match': expected a list of str or \"N/A\", got '4 km'"),
+    ("program_html target", lambda t: t[4]["eval"]["program_html"].__setitem__(0, "last"),
+     "field 'eval.program_html[0]': expected an object, got str"),
+    ("no program_html target", lambda t: t[4]["eval"].update(program_html=None),
+     "task #4 (task_id=4): field 'eval.program_html': program_html needs at least one target"),
+    ("empty required_contents", lambda t: t[4]["eval"]["program_html"][0].update(required_contents={}),
+     "field 'eval.program_html[0].required_contents': expected a non-empty object, got {}"),
+    ("prep_actions", lambda t: t[4]["eval"]["program_html"][0].update(prep_actions="x"),
+     "field 'eval.program_html[0].prep_actions': expected a list of str"),
+    ("empty url", lambda t: t[4]["eval"]["program_html"][0].update(url=" "),
+     "field 'eval.program_html[0].url': empty; use \"last\", a URL or func:helper(...)"),
 ]
 
 
@@ -108,6 +132,27 @@ def test_malformed_tasks_are_rejected_with_file_task_and_field(tmp_path, name, m
     with pytest.raises(wa.TaskFileError) as exc:
         wa.read_task_file(path)
     assert str(path) in str(exc.value) and message in str(exc.value)
+
+
+def test_every_problem_of_a_task_is_reported_missing_and_unknown_keys_first():
+    t = raw_tasks()[0]
+    del t["intent"]
+    t.update(require_login="yes", foo=1, sites=["shopping", "zz", "yy"])
+    t["eval"]["eval_types"] = ["string_match", "page_image_query"]
+    t["eval"]["reference_answers"]["must_exclude"] = "x"
+    assert wa.task_errors(t) == [
+        "field 'intent': missing",
+        f"field 'foo': unknown key; allowed: {list(wa.TASK_KEYS)}",
+        "field 'sites': unknown site 'zz'; allowed: ['shopping', 'shopping_admin', 'gitlab', 'map', 'reddit', "
+        "'wikipedia']",
+        "field 'sites': unknown site 'yy'; allowed: ['shopping', 'shopping_admin', 'gitlab', 'map', 'reddit', "
+        "'wikipedia']",
+        "field 'require_login': expected bool, got str 'yes'",
+        "field 'eval.eval_types': unknown eval type 'page_image_query'; allowed: ['string_match', 'url_match', "
+        "'program_html']",
+        "field 'eval.reference_answers.must_exclude': expected a list of str, got 'x'",
+    ]
+    assert wa.TASK_KEYS[:3] == ("sites", "task_id", "old_task_id") and len(wa.TASK_KEYS) == 13
 
 
 def test_unreadable_files(tmp_path):

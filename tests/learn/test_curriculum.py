@@ -1,6 +1,12 @@
+import json
 import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from webrl_core.curriculum import EmbeddedGenerator, backtick_tasks, dedupe, filter_by_value, normalise_intent, top_up
+import pytest
+
+from webrl_core.curriculum import (ChatGenerator, EmbeddedGenerator, backtick_tasks, dedupe, filter_by_value,
+                                   normalise_intent, top_up)
 from webrl_core.sites import vary_task
 from webrl_core.sites.tasks import train_tasks
 
@@ -50,3 +56,43 @@ def test_embedded_generator_varies_within_the_family():
         parent = parents[child["parent_task_id"]]
         assert child["family"] == parent["family"] and child["sites"] == parent["sites"]
         assert child["eval"]  # a verifiable evaluator comes along
+
+
+class _ChatStub(BaseHTTPRequestHandler):
+    requests: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+        out = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"], "choices": [
+            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content":
+                                                              "1. `Find the cheapest red mug` 2. `Show my last order`"}}]})
+        self.send_response(200 if body["model"] == "gen" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out.encode())
+
+
+def test_chat_generator_asks_the_endpoint_and_wraps_each_backtick_task():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _ChatStub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    try:
+        seeds = {"shopping": [{"task_id": "7", "intent": "Buy a mug"}]}
+        out = ChatGenerator(url, "gen", turns=1).generate(seeds, random.Random(0), 5)
+        assert [t["intent"] for t in out] == ["Find the cheapest red mug", "Show my last order"]
+        assert out[0]["parent_task_id"] == "7" and out[0]["sites"] == ["shopping"]
+        (req,) = _ChatStub.requests
+        assert req["path"] == "/v1/chat/completions" and req["auth"] is None  # no key, no Authorization header
+        assert req["body"]["model"] == "gen" and req["body"]["temperature"] == 1.0 and req["body"]["top_p"] == 1.0
+        assert "`Buy a mug`" in req["body"]["messages"][0]["content"]
+        assert ChatGenerator(url, "gen", api_key="sk-2").complete("x").startswith("1. `Find")
+        assert _ChatStub.requests[-1]["auth"] == "Bearer sk-2"
+        with pytest.raises(RuntimeError, match=rf"{url}/chat/completions \(model 'nope'\) failed: NotFoundError"):
+            ChatGenerator(url, "nope").complete("x")
+    finally:
+        srv.shutdown()

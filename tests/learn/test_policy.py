@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 import uvicorn
 
 from webrl_core.agent_api import Policy
+from webrl_core.artifacts import sha256_path
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, PolicyConfig
 from webrl_core.models import build_embedded_model, load_tokenizer, train_embedded_tokenizer
-from webrl_core.policy import HFPolicy, OpenAIPolicy, openai_app
+from webrl_core.policy import HFPolicy, OpenAIPolicy, openai_app, served_model_digest
 from webrl_core.prompts import build_prompt
 
 ACTION = 'do(action="Click", element="3")'
@@ -99,8 +102,84 @@ def test_openai_policy_against_real_server(model_dir):
         bad = OpenAIPolicy(f"http://127.0.0.1:{port}/v1/nope", "tiny", PolicyConfig(), retries=1)
         with pytest.raises(RuntimeError, match="failed"):
             asyncio.run(bad.act(ps[:1]))
+        # GET /models: the server's extra card field (the checkpoint's digest) is what the endpoint vouches for
+        assert served_model_digest(f"http://127.0.0.1:{port}/v1", "tiny") == sha256_path(model_dir)
+        with pytest.raises(RuntimeError, match=r"does not serve policy.model_name='other'; it serves \['tiny'\]"):
+            served_model_digest(f"http://127.0.0.1:{port}/v1", "other")
     finally:
         server.should_exit = True
         th.join(timeout=10)
     with pytest.raises(ValueError, match="base_url"):
         OpenAIPolicy("localhost", "tiny")
+
+
+class _Stub(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint that records requests and answers as ``mode`` says."""
+
+    mode = "ok"
+    requests: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code: int, body: str, ctype: str = "application/json"):
+        b = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+
+    def do_GET(self):
+        self._send(200, json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "root": "/w/m"}]}))
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+        if self.mode == "fail":
+            self._send(503, '{"error": {"message": "overloaded"}}')
+        elif self.mode == "garbage":
+            self._send(200, "<html>nginx default page</html>", "text/html")
+        else:
+            self._send(200, json.dumps({"id": "c", "object": "text_completion", "created": 0, "model": body["model"],
+                                        "choices": [{"index": 0, "text": "do()", "finish_reason": "stop"}]}))
+
+
+@pytest.fixture
+def stub():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _Stub.mode, _Stub.requests = "ok", []
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def test_openai_policy_requests_retries_and_errors(stub):
+    cfg = PolicyConfig(max_new_tokens=7, top_p=0.9)
+    assert asyncio.run(OpenAIPolicy(stub, "m", cfg, temperature=0, api_key="sk-1").act(["p"])) == ["do()"]
+    assert asyncio.run(OpenAIPolicy(stub, "m", cfg, temperature=0.5).act(["q"])) == ["do()"]
+    greedy, sampled = _Stub.requests
+    assert greedy["path"] == "/v1/completions" and greedy["auth"] == "Bearer sk-1"
+    assert greedy["body"] == {"model": "m", "prompt": "p", "max_tokens": 7, "temperature": 0, "stop": ["<|eot_id|>"]}
+    assert sampled["body"]["top_p"] == 0.9 and sampled["body"]["temperature"] == 0.5
+    # a failing endpoint: `retries` tries in all (the SDK retries 5xx), then an error naming the URL
+    _Stub.mode, _Stub.requests = "fail", []
+    with pytest.raises(RuntimeError, match=rf"request to {stub}/completions \(model 'm'\) failed: .*503"):
+        asyncio.run(OpenAIPolicy(stub, "m", cfg, retries=2).act(["p"]))
+    assert len(_Stub.requests) == 2
+    # not an OpenAI answer: no retry, the error shows what came back
+    _Stub.mode, _Stub.requests = "garbage", []
+    with pytest.raises(RuntimeError, match=rf"{stub}/chat/completions \(model 'm'\) answered "
+                                           r"'<html>nginx default page</html>', not a completion"):
+        asyncio.run(OpenAIPolicy(stub, "m", cfg, style="chat", retries=3).act(["p"]))
+    assert len(_Stub.requests) == 1
+    assert served_model_digest(stub, "m") == "/w/m"  # vLLM reports the weights' path as `root`
+
+
+def test_served_model_digest_names_the_url_of_a_dead_endpoint():
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    with pytest.raises(RuntimeError, match=rf"policy.base_url='{url}' did not answer GET {url}/models: "
+                                           r"APIConnectionError"):
+        served_model_digest(url, "m", timeout_s=2)
+    with pytest.raises(ValueError, match="policy.model_name is empty"):
+        served_model_digest(url, "")

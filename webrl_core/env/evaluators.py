@@ -1,6 +1,6 @@
-"""WebArena-Lite evaluators: string_match, url_match and program_html, with VAB-WebArena-Lite semantics.
-
-Contract (envs_spec §1.4):
+"""WebArena-Lite evaluators: string_match, url_match and program_html, with VAB-WebArena-Lite semantics
+(``evaluation_harness/evaluators.py``: ``StringEvaluator``, ``URLEvaluator``, ``HTMLContentEvaluator``; the LLM judge
+of ``helper_functions.py``: ``llm_fuzzy_match``, ``llm_ua_match``). Like ``EvaluatorComb``, a task scores
 
     score(task) = prod_{t in eval.eval_types} score_t          (each score_t is 0 or 1)
 
@@ -30,7 +30,6 @@ never ``eval``-ed. Without a configured judge, fuzzy_match uses a documented det
 from __future__ import annotations
 
 import ast
-import asyncio
 import html as html_lib
 import inspect
 import os
@@ -40,6 +39,8 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 import httpx
+
+from webrl_core.env.placeholders import PLACEHOLDER_RE, substitute_placeholders
 
 OR_SEP = " |OR| "
 URL_RULES = ("EXACT", "GOLD in PRED")
@@ -312,7 +313,8 @@ class JudgeError(RuntimeError):
 
 class LLMJudge:
     """fuzzy_match / ua_match grader on an OpenAI-compatible ``/chat/completions`` endpoint (temperature 0,
-    max_tokens 768, as VAB's gpt-4-1106-preview judge). The API key is read from ``api_key_env`` if set."""
+    max_tokens 768, as VAB's gpt-4-1106-preview judge) through the ``openai`` SDK, which retries timeouts, connection
+    errors, 429 and 5xx answers ``retries`` times. The API key is read from ``api_key_env`` if set."""
 
     def __init__(self, base_url: str, model: str = "gpt-4-1106-preview", api_key_env: str = "OPENAI_API_KEY",
                  timeout_s: float = 60.0, retries: int = 2, max_tokens: int = 768):
@@ -327,24 +329,22 @@ class LLMJudge:
         return cls(url, model=cfg.eval.fuzzy_judge_model) if url else None
 
     async def complete(self, prompt: str) -> str:
-        headers = {"Content-Type": "application/json"}
+        import openai  # ~0.5 s to import: only a configured judge needs it, and task-file tools import this module
+
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        body = {"model": self.model, "temperature": 0, "max_tokens": self.max_tokens,
-                "messages": [{"role": "system", "content": "You are a strict, careful grader."},
-                             {"role": "user", "content": prompt}]}
-        last_err: Exception | None = None
-        async with httpx.AsyncClient(timeout=self.timeout_s) as client:
-            for attempt in range(self.retries + 1):
-                try:
-                    r = await client.post(f"{self.base_url}/chat/completions", json=body, headers=headers)
-                    r.raise_for_status()
-                    return r.json()["choices"][0]["message"]["content"] or ""
-                except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
-                    last_err = e
-                    await asyncio.sleep(0.5 * (attempt + 1))
-        raise JudgeError(f"judge {self.base_url} (model {self.model}) failed after {self.retries + 1} tries: {last_err!r}")
+        messages = [{"role": "system", "content": "You are a strict, careful grader."},
+                    {"role": "user", "content": prompt}]
+        # no key: no Authorization header (the SDK insists on a key, so it gets one it never sends)
+        no_auth = {} if key else {"extra_headers": {"Authorization": openai.Omit()}}
+        try:
+            async with openai.AsyncOpenAI(base_url=self.base_url, api_key=key or "unused", timeout=self.timeout_s,
+                                          max_retries=self.retries) as client:
+                reply = await client.chat.completions.create(model=self.model, temperature=0, messages=messages,
+                                                             max_tokens=self.max_tokens, **no_auth)
+            return reply.choices[0].message.content or ""
+        except (openai.APIError, AttributeError, IndexError, TypeError, ValueError) as e:
+            raise JudgeError(f"judge {self.base_url} (model {self.model}) failed after up to {self.retries + 1} tries: "
+                             f"{e!r}") from None
 
     async def fuzzy_match(self, intent: str, reference: str, prediction: str) -> tuple[float, str]:
         reply = await self.complete(_FUZZY_PROMPT.format(intent=intent, reference=reference, prediction=prediction))
@@ -528,7 +528,7 @@ async def evaluate_program_html(task: dict, page, helpers: dict | None = None, j
         url = target["url"]
         if url.startswith("func:"):
             url = str(await call_helper(url, helpers, page=page, last_url=final_url))
-        if _PLACEHOLDER.search(url):
+        if PLACEHOLDER_RE.search(url):
             raise ValueError(f"task {task.get('task_id')!r}: eval.program_html[{idx}].url {url!r} still holds a site "
                              f"placeholder; substitute site URLs first (no URL configured for that site?)")
         nav_error = None
@@ -558,9 +558,6 @@ async def evaluate_program_html(task: dict, page, helpers: dict | None = None, j
     return score, [r for idx in sorted(rows) for r in rows[idx]]
 
 
-_PLACEHOLDER = re.compile(r"__(?:SHOPPING_ADMIN|SHOPPING|REDDIT|GITLAB|MAP|WIKIPEDIA|HOMEPAGE)__")
-
-
 async def evaluate_task(task: dict, page, answer: str | None, helpers: dict | None = None, judge=None,
                         urls: dict[str, str] | None = None) -> EvalResult:
     """Score a finished episode: the product over ``task['eval']['eval_types']``. ``page`` is the final active
@@ -570,10 +567,9 @@ async def evaluate_task(task: dict, page, answer: str | None, helpers: dict | No
     ``ua_match``), None for the deterministic fallback. ``urls`` ({site: base URL}) substitutes __SHOPPING__-style
     placeholders first; a placeholder left in a reference URL is an error, never a silent 0."""
     if urls:
-        from webrl_core.env.webarena import substitute_placeholders  # webarena imports this module
         task = substitute_placeholders(task, urls)
     ev = task["eval"]
-    if _PLACEHOLDER.search(str(ev.get("reference_url") or "")):
+    if PLACEHOLDER_RE.search(str(ev.get("reference_url") or "")):
         raise ValueError(f"task {task.get('task_id')!r}: eval.reference_url {ev['reference_url']!r} holds a site "
                          f"placeholder; pass urls= or substitute the task first")
     final_url = page.url if page is not None else None

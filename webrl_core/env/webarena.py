@@ -1,9 +1,8 @@
 """WebArena-Lite task files: validation, site-URL placeholder substitution, export, generated-task configs.
 
-Contract (envs_spec §1.2-1.3, webrl_spec §5.4):
-
-* A raw task file is a JSON list of task objects; each has the 13 keys of :data:`TASK_KEYS` with the types checked by
-  :func:`task_errors`. Malformed tasks raise :class:`TaskFileError` naming the file, the task (index and task_id)
+* A raw task file is a JSON list of task objects in the format of VAB-WebArena-Lite's task configs: each has the 13
+  keys of :class:`WebArenaTask` (:data:`TASK_KEYS`), typed and checked by that pydantic model and its ``eval`` block
+  (:class:`EvalConfig`). Malformed tasks raise :class:`TaskFileError` naming the file, the task (index and task_id)
   and the field.
 * Placeholders ``__SHOPPING__``, ``__SHOPPING_ADMIN__``, ``__REDDIT__``, ``__GITLAB__``, ``__MAP__``, ``__WIKIPEDIA__``,
   ``__HOMEPAGE__`` are replaced by site base URLs (no trailing "/") in every string of the task, eval included;
@@ -18,29 +17,26 @@ Contract (envs_spec §1.2-1.3, webrl_spec §5.4):
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Annotated, Any, Callable, Iterable, Literal
+
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WrapValidator,
+                      model_validator)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from webrl_core.env.evaluators import URL_RULES, parse_helper_call
+from webrl_core.env.placeholders import (PLACEHOLDER_RE, PLACEHOLDERS, SITE_PLACEHOLDER,  # noqa: F401 (re-exported)
+                                         placeholder_sites, substitute_placeholders)
 from webrl_core.websites import SITES, TASK_CONFIG_SITES
 
-PLACEHOLDERS = {"__SHOPPING__": "shopping", "__SHOPPING_ADMIN__": "shopping_admin", "__REDDIT__": "reddit",
-                "__GITLAB__": "gitlab", "__MAP__": "map", "__WIKIPEDIA__": "wikipedia", "__HOMEPAGE__": "homepage"}
-SITE_PLACEHOLDER = {site: ph for ph, site in PLACEHOLDERS.items()}
 # WebArena's documented default ports (original repo README / env_config.py).
 DEFAULT_PORTS = {"shopping": ":7770", "shopping_admin": ":7780/admin", "reddit": ":9999", "gitlab": ":8023",
                  "map": ":3000",
                  "wikipedia": ":8888/wikipedia_en_all_maxi_2022-05/A/User:The_other_Kiwix_guy/Landing",
                  "homepage": ":4399"}
 AND_SEP = " |AND| "
-TASK_KEYS = ("sites", "task_id", "old_task_id", "require_login", "storage_state", "start_url", "geolocation",
-             "intent_template", "instantiation_dict", "intent", "require_reset", "eval", "intent_template_id")
 EVAL_TYPES = ("string_match", "url_match", "program_html")
-REFERENCE_ANSWER_KEYS = ("exact_match", "must_include", "fuzzy_match", "must_exclude", "required_values", "one_of")
-REQUIRED_CONTENT_KEYS = ("exact_match", "must_include", "must_exclude", "required_values", "fuzzy_match")
-_PLACEHOLDER_RE = re.compile(r"__(?:SHOPPING_ADMIN|SHOPPING|REDDIT|GITLAB|MAP|WIKIPEDIA|HOMEPAGE)__")
 
 
 class TaskFileError(ValueError):
@@ -60,146 +56,256 @@ def resolve_site_urls(urls: dict[str, str] | None = None, host: str = "localhost
 
 
 # ---------------------------------------------------------------------------------------------
-# validation
+# validation: pydantic models of a task config. Every problem is a PydanticCustomError whose message is the text
+# users see after "field '<path>': " (several problems of one field: one per line); task_errors adds the path.
+
+_PROBLEM, _UNKNOWN_KEY = "task_file", "unknown_key"  # our error types; pydantic's own types are replaced by them
+
 
 def _type_name(v: Any) -> str:
     return "null" if v is None else type(v).__name__
 
 
-def _is_str_list(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+def _problem(*lines: str) -> PydanticCustomError:
+    return PydanticCustomError(_PROBLEM, "\n".join(lines))
 
 
-def _check_func(expr: str, field: str, errs: list[str]) -> None:
+def _rejecting(message: Callable[[Any], str], ok: Callable[[Any], bool] | None = None) -> WrapValidator:
+    """Turn pydantic's type errors of a value (and a failed ``ok`` check of the parsed value) into one problem,
+    ``message(raw value)``; problems found inside the value (its own fields' checks) pass through unchanged."""
+    def validate(value: Any, handler) -> Any:
+        try:
+            out = handler(value)
+        except ValidationError as e:
+            if all(err["type"] in (_PROBLEM, _UNKNOWN_KEY) for err in e.errors()):
+                raise
+            raise _problem(message(value)) from None
+        if ok is not None and not ok(out):
+            raise _problem(message(value))
+        return out
+    return WrapValidator(validate)
+
+
+def _expect(want: str, got: str = "type", ok: Callable[[Any], bool] | None = None) -> WrapValidator:
+    """The problem "expected <want>, got <value>", the value shown by ``got``: "type", "value" (repr), "type value"
+    (repr cut to 80 characters) or "" (not shown)."""
+    def message(v: Any) -> str:
+        shown = {"type": _type_name(v), "value": repr(v), "type value": f"{_type_name(v)} {v!r:.80}", "": ""}[got]
+        return f"expected {want}, got {shown}" if shown else f"expected {want}"
+    return _rejecting(message, ok)
+
+
+def _task_field(want: str, ok: Callable[[Any], bool] | None = None) -> WrapValidator:
+    return _expect(want, "type value", ok)
+
+
+def _not_blank(s: str) -> bool:
+    return s.strip() != ""
+
+
+def _helper_call(expr: str) -> None:
     try:
         parse_helper_call(expr)
     except ValueError as e:
-        errs.append(f"field '{field}': {e}")
+        raise _problem(str(e)) from None
 
 
-def _eval_errors(ev: Any, errs: list[str]) -> None:
-    if not isinstance(ev, dict):
-        errs.append(f"field 'eval': expected an object, got {_type_name(ev)}")
-        return
-    types = ev.get("eval_types")
-    if not _is_str_list(types) or not types:
-        errs.append(f"field 'eval.eval_types': expected a non-empty list of str, got {types!r}")
-        types = []
-    for t in types:
-        if t not in EVAL_TYPES:
-            errs.append(f"field 'eval.eval_types': unknown eval type {t!r}; allowed: {list(EVAL_TYPES)}")
+class _Strict(BaseModel):
+    """Strict types (no coercion: "yes" is not a bool, 1.0 not an int); an unknown key is named with the allowed
+    ones."""
 
-    ra = ev.get("reference_answers")
-    if ra is not None and not isinstance(ra, dict):
-        errs.append(f"field 'eval.reference_answers': expected an object or null, got {_type_name(ra)}")
-        ra = None
-    if "string_match" in types and not ra:
-        errs.append("field 'eval.reference_answers': string_match needs a non-empty reference_answers object")
-    for k, v in (ra or {}).items():
-        f = f"eval.reference_answers.{k}"
-        if k not in REFERENCE_ANSWER_KEYS:
-            errs.append(f"field '{f}': unknown key; allowed: {list(REFERENCE_ANSWER_KEYS)}")
-        elif k == "exact_match" and not isinstance(v, str):
-            errs.append(f"field '{f}': expected str, got {_type_name(v)}")
-        elif k == "must_include" and isinstance(v, str):
-            pass  # one Lite task (#81) stores a bare string; the evaluator reads it as a one-item list
-        elif k == "fuzzy_match" and not (v == "N/A" or _is_str_list(v)):
-            errs.append(f"field '{f}': expected a list of str or \"N/A\", got {v!r}")
-        elif k not in ("exact_match", "fuzzy_match") and not _is_str_list(v):
-            errs.append(f"field '{f}': expected a list of str, got {v!r}")
-    if (ra or {}).get("fuzzy_match") == "N/A" and not isinstance(ev.get("string_note"), str):
-        errs.append("field 'eval.string_note': fuzzy_match \"N/A\" needs a string_note (the reason) as str")
+    model_config = ConfigDict(strict=True, extra="forbid")
 
-    ru = ev.get("reference_url")
-    if ru is not None and not isinstance(ru, str):
-        errs.append(f"field 'eval.reference_url': expected str or null, got {_type_name(ru)}")
-    if "url_match" in types and not (isinstance(ru, str) and ru.strip()):
-        errs.append("field 'eval.reference_url': url_match needs a non-empty reference_url")
-    note = ev.get("url_note")
-    if note not in (None, "") and note not in URL_RULES:
-        errs.append(f"field 'eval.url_note': unknown rule {note!r}; allowed: {list(URL_RULES)}")
-    for k in ("string_note", "reference_answer_raw_annotation"):
-        if ev.get(k) is not None and not isinstance(ev[k], str):
-            errs.append(f"field 'eval.{k}': expected str or null, got {_type_name(ev[k])}")
+    @model_validator(mode="wrap")
+    @classmethod
+    def _name_unknown_keys(cls, data: Any, handler) -> Any:
+        try:
+            return handler(data)
+        except ValidationError as e:
+            allowed = list(cls.model_fields)
 
-    ph = ev.get("program_html")
-    if ph is None:
-        ph = []
-    if not isinstance(ph, list):
-        errs.append(f"field 'eval.program_html': expected a list, got {_type_name(ph)}")
-        ph = []
-    if "program_html" in types and not ph:
-        errs.append("field 'eval.program_html': program_html needs at least one target")
-    for i, tgt in enumerate(ph):
-        f = f"eval.program_html[{i}]"
-        if not isinstance(tgt, dict):
-            errs.append(f"field '{f}': expected an object, got {_type_name(tgt)}")
-            continue
-        for k in ("url", "locator"):
-            if not isinstance(tgt.get(k), str):
-                errs.append(f"field '{f}.{k}': expected str, got {_type_name(tgt.get(k))}")
-        if isinstance(tgt.get("url"), str):
-            if tgt["url"].startswith("func:"):
-                _check_func(tgt["url"], f"{f}.url", errs)
-            elif not tgt["url"].strip():
-                errs.append(f"field '{f}.url': empty; use \"last\", a URL or func:helper(...)")
-        loc = tgt.get("locator")
-        if isinstance(loc, str) and loc.strip():
-            if loc.startswith("func:"):
-                _check_func(loc, f"{f}.locator", errs)
-            elif not (loc.startswith("document.") or loc.startswith("[...document.")):
-                errs.append(f"field '{f}.locator': {loc[:60]!r} is not '', 'document.…', '[...document.…' or 'func:…'")
-        if "prep_actions" in tgt and not _is_str_list(tgt["prep_actions"]):
-            errs.append(f"field '{f}.prep_actions': expected a list of str")
-        rc = tgt.get("required_contents")
-        if not isinstance(rc, dict) or not rc:
-            errs.append(f"field '{f}.required_contents': expected a non-empty object, got {rc!r}")
-            continue
-        for k, v in rc.items():
-            ff = f"{f}.required_contents.{k}"
-            if k not in REQUIRED_CONTENT_KEYS:
-                errs.append(f"field '{ff}': unknown key; allowed: {list(REQUIRED_CONTENT_KEYS)}")
-            elif k == "exact_match" and not isinstance(v, str):
-                errs.append(f"field '{ff}': expected str, got {_type_name(v)}")
-            elif k != "exact_match" and not _is_str_list(v):
-                errs.append(f"field '{ff}': expected a list of str, got {v!r}")
+            def detail(err) -> InitErrorDetails:
+                if err["type"] == "extra_forbidden":
+                    typ = PydanticCustomError(_UNKNOWN_KEY, f"unknown key; allowed: {allowed}")
+                elif err["type"] in (_PROBLEM, _UNKNOWN_KEY):
+                    typ = PydanticCustomError(err["type"], err["msg"])
+                else:
+                    return InitErrorDetails(type=err["type"], loc=err["loc"], input=err["input"],
+                                            ctx=err.get("ctx", {}))
+                return InitErrorDetails(type=typ, loc=err["loc"], input=err["input"])
+            raise ValidationError.from_exception_data(cls.__name__, [detail(err) for err in e.errors()]) from None
+
+
+_STR_LIST = Annotated[list[str], _expect("a list of str", "value")]
+
+
+class ReferenceAnswers(_Strict):
+    """``eval.reference_answers`` of string_match (VAB ``StringEvaluator``); every key optional."""
+
+    exact_match: Annotated[str, _expect("str")] = None
+    # one Lite task (#81) stores must_include as a bare string; the evaluator reads it as a one-item list
+    must_include: Annotated[list[str] | str, _expect("a list of str", "value")] = None
+    fuzzy_match: Annotated[list[str] | Literal["N/A"], _expect('a list of str or "N/A"', "value")] = None
+    must_exclude: _STR_LIST = None
+    required_values: _STR_LIST = None
+    one_of: _STR_LIST = None
+
+
+class RequiredContents(_Strict):
+    """``required_contents`` of a program_html target."""
+
+    exact_match: Annotated[str, _expect("str")] = None
+    must_include: _STR_LIST = None
+    must_exclude: _STR_LIST = None
+    required_values: _STR_LIST = None
+    fuzzy_match: _STR_LIST = None
+
+
+def _target_url(url: str) -> str:
+    if url.startswith("func:"):
+        _helper_call(url)
+    elif not url.strip():
+        raise _problem('empty; use "last", a URL or func:helper(...)')
+    return url
+
+
+def _locator(loc: str) -> str:
+    if loc.strip():
+        if loc.startswith("func:"):
+            _helper_call(loc)
+        elif not (loc.startswith("document.") or loc.startswith("[...document.")):
+            raise _problem(f"{loc[:60]!r} is not '', 'document.…', '[...document.…' or 'func:…'")
+    return loc
+
+
+class ProgramHtmlTarget(BaseModel):
+    """One ``eval.program_html`` target: the page (url), what to select on it (locator), what it must contain."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")  # other keys are not read
+
+    url: Annotated[str, _expect("str"), AfterValidator(_target_url)] = Field(None, validate_default=True)
+    locator: Annotated[str, _expect("str"), AfterValidator(_locator)] = Field(None, validate_default=True)
+    prep_actions: Annotated[list[str], _expect("a list of str", "")] = None
+    required_contents: Annotated[RequiredContents, _expect("a non-empty object", "value",
+                                                          ok=lambda rc: bool(rc.model_fields_set))
+                                 ] = Field(None, validate_default=True)
+
+
+def _eval_types(info: ValidationInfo) -> list[str]:
+    return info.data.get("eval_types") or []
+
+
+def _known_eval_types(types: list[str]) -> list[str]:
+    unknown = [f"unknown eval type {t!r}; allowed: {list(EVAL_TYPES)}" for t in types if t not in EVAL_TYPES]
+    if unknown:
+        raise _problem(*unknown)
+    return types
+
+
+def _string_match_needs_answers(ra: ReferenceAnswers | None, info: ValidationInfo) -> ReferenceAnswers | None:
+    if "string_match" in _eval_types(info) and (ra is None or not ra.model_fields_set):
+        raise _problem("string_match needs a non-empty reference_answers object")
+    return ra
+
+
+def _na_needs_reason(note: str | None, info: ValidationInfo) -> str | None:
+    ra = info.data.get("reference_answers")
+    if note is None and ra is not None and ra.fuzzy_match == "N/A":
+        raise _problem('fuzzy_match "N/A" needs a string_note (the reason) as str')
+    return note
+
+
+def _url_match_needs_url(url: str | None, info: ValidationInfo) -> str | None:
+    if "url_match" in _eval_types(info) and not (url and url.strip()):
+        raise _problem("url_match needs a non-empty reference_url")
+    return url
+
+
+def _program_html_needs_targets(targets: list | None, info: ValidationInfo) -> list | None:
+    if "program_html" in _eval_types(info) and not targets:
+        raise _problem("program_html needs at least one target")
+    return targets
+
+
+_STR_OR_NULL = Annotated[str | None, _expect("str or null")]
+
+
+class EvalConfig(BaseModel):
+    """A task's ``eval`` block: ``eval_types`` and what each of them needs (VAB-WebArena-Lite
+    ``evaluation_harness/evaluators.py``: ``StringEvaluator``, ``URLEvaluator``, ``HTMLContentEvaluator``)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")  # other keys are not read
+
+    eval_types: Annotated[list[str], _expect("a non-empty list of str", "value", ok=bool),
+                          AfterValidator(_known_eval_types)] = Field(None, validate_default=True)
+    reference_answers: Annotated[ReferenceAnswers | None, _expect("an object or null"),
+                                 AfterValidator(_string_match_needs_answers)] = Field(None, validate_default=True)
+    string_note: Annotated[_STR_OR_NULL, AfterValidator(_na_needs_reason)] = Field(None, validate_default=True)
+    reference_url: Annotated[_STR_OR_NULL, AfterValidator(_url_match_needs_url)] = Field(None, validate_default=True)
+    url_note: Annotated[str | None, _rejecting(lambda n: f"unknown rule {n!r}; allowed: {list(URL_RULES)}",
+                                               ok=lambda n: n in (None, "") or n in URL_RULES)] = None
+    reference_answer_raw_annotation: _STR_OR_NULL = None
+    program_html: Annotated[list[Annotated[ProgramHtmlTarget, _expect("an object")]] | None, _expect("a list"),
+                            AfterValidator(_program_html_needs_targets)] = Field(None, validate_default=True)
+
+
+def _known_sites(sites: list[str]) -> list[str]:
+    unknown = [f"unknown site {s!r}; allowed: {list(TASK_CONFIG_SITES)}" for s in sites if s not in TASK_CONFIG_SITES]
+    if unknown:
+        raise _problem(*unknown)
+    return sites
+
+
+def _tabs_not_empty(start_url: str) -> str:
+    empty = [f"tab {j} of {start_url!r} is empty" for j, tab in enumerate(start_url.split(AND_SEP)) if not tab.strip()]
+    if empty:
+        raise _problem(*empty)
+    return start_url
+
+
+class WebArenaTask(_Strict):
+    """One task config of a WebArena(-Lite) task file: its 13 keys, all required (:data:`TASK_KEYS`)."""
+
+    sites: Annotated[list[str], _task_field("a non-empty list of site names", ok=bool), AfterValidator(_known_sites)]
+    task_id: Annotated[int | str, _task_field("int or str")]
+    old_task_id: Annotated[int | str | None, _task_field("int, str or null")]
+    require_login: Annotated[bool, _task_field("bool")]
+    storage_state: Annotated[str | None, _task_field("str or null")]
+    start_url: Annotated[str, _task_field("a non-empty str", ok=_not_blank), AfterValidator(_tabs_not_empty)]
+    geolocation: Annotated[dict | None, _task_field("null or an object")]
+    intent_template: Annotated[str, _task_field("str")]
+    instantiation_dict: Annotated[dict, _task_field("an object")]
+    intent: Annotated[str, _task_field("a non-empty str", ok=_not_blank)]
+    require_reset: Annotated[bool, _task_field("bool")]
+    eval: Annotated[EvalConfig, _expect("an object")]
+    intent_template_id: Annotated[int, _task_field("int")]
+
+
+TASK_KEYS = tuple(WebArenaTask.model_fields)
+REFERENCE_ANSWER_KEYS = tuple(ReferenceAnswers.model_fields)
+REQUIRED_CONTENT_KEYS = tuple(RequiredContents.model_fields)
+
+
+def _field_path(loc: tuple) -> str:
+    return "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in loc).lstrip(".")
+
+
+def _report_order(err) -> int:
+    """Missing keys first, then unknown keys, then the other problems (each group in pydantic's order)."""
+    top = len(err["loc"]) == 1
+    return 0 if top and err["type"] == "missing" else 1 if top and err["type"] == _UNKNOWN_KEY else 2
 
 
 def task_errors(task: Any) -> list[str]:
     """Every problem of one task object, as "field 'x': ..." strings (empty list = valid)."""
     if not isinstance(task, dict):
         return [f"expected a task object, got {_type_name(task)}"]
-    errs = [f"field '{k}': missing" for k in TASK_KEYS if k not in task]
-    errs += [f"field '{k}': unknown key; allowed: {list(TASK_KEYS)}" for k in task if k not in TASK_KEYS]
-
-    def check(key, ok, want):
-        if key in task and not ok(task[key]):
-            errs.append(f"field '{key}': expected {want}, got {_type_name(task[key])} {task[key]!r:.80}")
-
-    is_id = lambda v: isinstance(v, (int, str)) and not isinstance(v, bool)  # noqa: E731
-    check("sites", lambda v: _is_str_list(v) and len(v) > 0, "a non-empty list of site names")
-    if _is_str_list(task.get("sites")):
-        for s in task["sites"]:
-            if s not in TASK_CONFIG_SITES:
-                errs.append(f"field 'sites': unknown site {s!r}; allowed: {list(TASK_CONFIG_SITES)}")
-    check("task_id", is_id, "int or str")
-    check("old_task_id", lambda v: v is None or is_id(v), "int, str or null")
-    check("require_login", lambda v: isinstance(v, bool), "bool")
-    check("require_reset", lambda v: isinstance(v, bool), "bool")
-    check("storage_state", lambda v: v is None or isinstance(v, str), "str or null")
-    check("start_url", lambda v: isinstance(v, str) and v.strip() != "", "a non-empty str")
-    check("geolocation", lambda v: v is None or isinstance(v, dict), "null or an object")
-    check("intent_template", lambda v: isinstance(v, str), "str")
-    check("instantiation_dict", lambda v: isinstance(v, dict), "an object")
-    check("intent", lambda v: isinstance(v, str) and v.strip() != "", "a non-empty str")
-    check("intent_template_id", lambda v: isinstance(v, int) and not isinstance(v, bool), "int")
-    if isinstance(task.get("start_url"), str):
-        for j, tab in enumerate(task["start_url"].split(AND_SEP)):
-            if not tab.strip():
-                errs.append(f"field 'start_url': tab {j} of {task['start_url']!r} is empty")
-    if "eval" in task:
-        _eval_errors(task["eval"], errs)
-    return errs
+    try:
+        WebArenaTask.model_validate(task)
+    except ValidationError as e:
+        return [f"field '{_field_path(err['loc'])}': {line}" for err in sorted(e.errors(), key=_report_order)
+                for line in ("missing" if err["type"] == "missing" else err["msg"]).split("\n")]
+    return []
 
 
 def validate_tasks(tasks: Any, source: str = "<tasks>") -> list[dict]:
@@ -241,36 +347,9 @@ def read_task_file(path: str | Path) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 # placeholders and export
 
-def substitute_placeholders(obj: Any, urls: dict[str, str]) -> Any:
-    """Replace site placeholders in every string of ``obj`` (dicts, lists, nested) with ``urls[site]``."""
-    if isinstance(obj, str):
-        def repl(m: re.Match) -> str:
-            site = PLACEHOLDERS[m.group(0)]
-            if site not in urls:
-                raise ValueError(f"no URL for site {site!r} (placeholder {m.group(0)}); given: {sorted(urls)}")
-            return urls[site].rstrip("/")
-        return _PLACEHOLDER_RE.sub(repl, obj)
-    if isinstance(obj, list):
-        return [substitute_placeholders(x, urls) for x in obj]
-    if isinstance(obj, dict):
-        return {k: substitute_placeholders(v, urls) for k, v in obj.items()}
-    return obj
-
-
 def start_urls(task: dict) -> list[str]:
     """The tabs a task opens (`` |AND| `` separated start_url)."""
     return [u.strip() for u in task["start_url"].split(AND_SEP)]
-
-
-def placeholder_sites(obj: Any) -> set[str]:
-    """Sites whose placeholder (``__GITLAB__`` ...) occurs in any string of ``obj``."""
-    if isinstance(obj, str):
-        return {PLACEHOLDERS[m] for m in _PLACEHOLDER_RE.findall(obj)}
-    if isinstance(obj, list):
-        return set().union(*(placeholder_sites(x) for x in obj)) if obj else set()
-    if isinstance(obj, dict):
-        return set().union(*(placeholder_sites(v) for v in obj.values())) if obj else set()
-    return set()
 
 
 def needed_sites(task: dict) -> set[str]:
@@ -319,7 +398,7 @@ def load_webarena_tasks(raw_path: str | Path, urls: dict[str, str] | None = None
 def _substitute_given(obj: Any, urls: dict[str, str]) -> Any:
     """``substitute_placeholders`` for the sites in ``urls`` only; other placeholders stay."""
     if isinstance(obj, str):
-        return _PLACEHOLDER_RE.sub(lambda m: urls.get(PLACEHOLDERS[m.group(0)], m.group(0)), obj)
+        return PLACEHOLDER_RE.sub(lambda m: urls.get(PLACEHOLDERS[m.group(0)], m.group(0)), obj)
     if isinstance(obj, list):
         return [_substitute_given(x, urls) for x in obj]
     if isinstance(obj, dict):

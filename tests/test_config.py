@@ -1,12 +1,17 @@
+import warnings
+
 import pytest
 
-from webrl_core.config import ConfigError, describe_fields, dump_config, env_site_urls, load_config
+from webrl_core.config import (RENAMED, ConfigError, WebRLSettings, describe_fields, dump_config, env_site_urls,
+                               load_config)
 
 
 def test_defaults_resolve_and_every_field_is_described():
     cfg = load_config()
     assert cfg.env.max_steps == 30 and cfg.env.obs_char_budget == 15872
-    assert cfg.critic.filter_low == 0.05 and cfg.critic.filter_high == 0.75
+    assert cfg.curriculum.filter_low == 0.05 and cfg.curriculum.filter_high == 0.75
+    assert cfg.transitions.gamma == 0.9 and cfg.curriculum.api_key_env == cfg.policy.api_key_env == "OPENAI_API_KEY"
+    assert (cfg.bootstrap.sft_lr, cfg.bootstrap.sft_epochs, cfg.bootstrap.sft_loss) == (1e-3, 8.0, "completion")
     assert cfg.replay.low == 0.5 and cfg.replay.high == 0.95 and cfg.replay.cap_ratio == 2.0
     rows = describe_fields()
     assert len(rows) > 80
@@ -69,3 +74,62 @@ def test_webarena_env_vars_override_urls():
     assert cfg.sites.urls["shopping"] == "http://10.0.0.1:7770"
     # the unprefixed name wins over the WA_ one
     assert env_site_urls({"MAP": "http://a", "WA_MAP": "http://b"}) == {"map": "http://a"}
+
+
+def test_renamed_fields_still_work_with_a_warning(tmp_path):
+    old = tmp_path / "old.yaml"
+    old.write_text("critic: {filter_low: 0.1, filter_high: 0.6}\nactor: {gamma: 0.8, sft_lr: 0.01, sft_epochs: 3, "
+                   "sft_loss: all, lr: 0.002}\n")
+    with pytest.warns(DeprecationWarning) as caught:
+        cfg = load_config(old, sets=["critic.filter_high=0.7"])
+    said = " ".join(str(w.message) for w in caught)
+    for name, new in RENAMED.items():
+        assert f"'{name}' is deprecated, use '{new}'" in said, name
+    assert (cfg.curriculum.filter_low, cfg.curriculum.filter_high, cfg.transitions.gamma) == (0.1, 0.7, 0.8)
+    assert (cfg.bootstrap.sft_lr, cfg.bootstrap.sft_epochs, cfg.bootstrap.sft_loss) == (0.01, 3.0, "all")
+    assert cfg.actor.lr == 0.002 and "gamma" not in cfg.actor.model_dump() and "filter_low" not in cfg.critic.model_dump()
+    # the model itself maps them too (settings built from a dict)
+    with pytest.warns(DeprecationWarning, match="'actor.sft_epochs' is deprecated, use 'bootstrap.sft_epochs'"):
+        assert WebRLSettings.model_validate({"actor": {"sft_epochs": 2}}).bootstrap.sft_epochs == 2
+    # a later layer wins whichever name each layer uses; both names in one layer must agree
+    with pytest.warns(DeprecationWarning):
+        assert load_config(old, sets=["bootstrap.sft_epochs=5"]).bootstrap.sft_epochs == 5
+        assert load_config("smoke", sets=["actor.sft_epochs=1"]).bootstrap.sft_epochs == 1
+    both = tmp_path / "both.yaml"
+    both.write_text("actor: {gamma: 0.8}\ntransitions: {gamma: 0.7}\n")
+    with pytest.raises(ConfigError, match="both 'actor.gamma' .deprecated. and 'transitions.gamma' are set"):
+        load_config(both)
+
+
+def test_new_names_load_without_warnings(tmp_path):
+    new = tmp_path / "new.yaml"
+    new.write_text("curriculum: {filter_low: 0.1, api_key_env: GEN_KEY}\ntransitions: {gamma: 0.8}\n"
+                   "bootstrap: {sft_epochs: 3}\n")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = load_config(new, sets=["curriculum.filter_high=0.7", "bootstrap.sft_loss=all"])
+        for name in ("default", "demo", "smoke", "webarena"):  # the packaged configs use the new names
+            load_config(name)
+        assert WebRLSettings.model_validate(cfg.model_dump(mode="json")) == cfg  # a dump round-trips
+    assert (cfg.curriculum.filter_low, cfg.curriculum.filter_high, cfg.transitions.gamma) == (0.1, 0.7, 0.8)
+    assert (cfg.bootstrap.sft_epochs, cfg.bootstrap.sft_loss, cfg.curriculum.api_key_env) == (3.0, "all", "GEN_KEY")
+    assert cfg.policy.api_key_env == "OPENAI_API_KEY"
+    for gone in ("actor.gamma", "critic.filter_low"):
+        section, key = gone.split(".")
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(f"{section}: {{{key}x: 1}}\n")
+        with pytest.raises(ConfigError, match="unknown key"):
+            load_config(bad)
+
+
+def test_curriculum_api_key_env_follows_a_custom_policy_one_for_a_release():
+    """The curriculum's OpenAI generator used to read policy.api_key_env: a run that set only that keeps working."""
+    with pytest.warns(DeprecationWarning, match="curriculum.api_key_env"):
+        cfg = load_config(sets=["policy.api_key_env=MY_KEY", "curriculum.generator=openai"])
+    assert cfg.curriculum.api_key_env == "MY_KEY"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        own = load_config(sets=["policy.api_key_env=MY_KEY", "curriculum.generator=openai",
+                                "curriculum.api_key_env=GEN_KEY"])
+        assert own.curriculum.api_key_env == "GEN_KEY"
+        assert load_config(sets=["policy.api_key_env=MY_KEY"]).curriculum.api_key_env == "OPENAI_API_KEY"

@@ -18,7 +18,7 @@ def show(file: Optional[str] = typer.Argument(None, help="config YAML (a path or
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.config import ConfigError, describe_fields, dump_config, load_config
+    from webrl_core.config import RENAMED, ConfigError, describe_fields, dump_config, load_config
 
     console = Console()
     if doc:
@@ -28,6 +28,12 @@ def show(file: Optional[str] = typer.Argument(None, help="config YAML (a path or
         for name, desc, default in describe_fields():
             table.add_row(name, repr(default), desc)
         console.print(table)
+        renamed = Table(title="renamed fields (the old names still work, with a warning, until the next release)")
+        for col in ("old name", "new name"):
+            renamed.add_column(col)
+        for old, new in RENAMED.items():
+            renamed.add_row(old, new)
+        console.print(renamed)
         return
     try:
         cfg = load_config(file, overlay, set_)

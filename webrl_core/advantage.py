@@ -1,4 +1,5 @@
-"""Advantages and the adaptive KL coefficient of the WebRL actor loss (webrl_spec.md §2.1-§2.3).
+"""Advantages and the adaptive KL coefficient of the WebRL actor loss (paper, arXiv 2411.02337: Eq. 6 and Eq. 9;
+official: ``WebRLTrainer.actor_loss`` in ``webrl/algorithms/webrl/trainer.py``).
 
 Notation per step t of a trajectory of T steps: V = V(s_t), V' = V(s_{t+1}) (critic: min over two heads of
 P(success)), R = the trajectory's final label (ORM or env, 0/1), r_t = R on the last step and 0 before it

@@ -13,23 +13,41 @@ A config is a YAML file validated by pydantic v2. Resolution order (later wins):
 Every field has a default and a one-line description (``Field(description=...)``); unknown keys,
 wrong types and missing paths fail before any work starts, with one message that names the file,
 the field and the allowed values (``ConfigError``).
+
+Renamed fields (``RENAMED``): the old dotted name is still accepted for one release, in a YAML file and in
+``--set``, with a ``DeprecationWarning`` and a logged warning that name the old and the new name.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import warnings
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from webrl_core.ray_rollout import RolloutConfig
 from webrl_core.websites import ALL_SITES
 
+log = logging.getLogger(__name__)
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ACCELERATE_CONFIGS = REPO_ROOT / "infra" / "accelerate"
+
+RENAMED: dict[str, str] = {
+    "critic.filter_low": "curriculum.filter_low",
+    "critic.filter_high": "curriculum.filter_high",
+    "actor.gamma": "transitions.gamma",
+    "actor.sft_lr": "bootstrap.sft_lr",
+    "actor.sft_epochs": "bootstrap.sft_epochs",
+    "actor.sft_loss": "bootstrap.sft_loss",
+}
+"""Old dotted field name -> new one. The old names are accepted, with a deprecation warning, until the next
+release; then this table goes."""
 
 
 class ConfigError(ValueError):
@@ -185,11 +203,17 @@ class CriticConfig(Section):
     lr: float = Field(3e-4, gt=0, description="critic learning rate (1e-6 for 8B models in the paper)")
     epochs: float = Field(1.0, gt=0, description="critic epochs per phase (paper: 1)")
     batch_size: int = Field(8, ge=1, description="critic micro-batch")
-    filter_low: float = Field(0.05, ge=0, le=1, description="keep generated tasks whose critic value is >= this")
-    filter_high: float = Field(0.75, ge=0, le=1, description="... and <= this")
     head_init_std: float | None = Field(0.2, description="std of the first two head Linears (official 0.2; ~1/sqrt(h) is calmer; null: PyTorch default)")
     max_grad_norm: float = Field(1.0, gt=0, description="critic gradient clipping (paper: 1.0)")
     grad_accum: int = Field(1, ge=1, description="critic gradient accumulation steps")
+
+
+class TransitionsConfig(Section):
+    """How stored episodes become step samples (``webrl_core.transitions``), for the phase's own episodes and for
+    the replayed ones alike."""
+
+    gamma: float = Field(0.9, ge=0, le=1, description="discount of the Monte-Carlo return mc_return of every step "
+                         "sample (official: 0.9)")
 
 
 class ReplayConfig(Section):
@@ -201,12 +225,26 @@ class ReplayConfig(Section):
 
 
 class ActorTrainConfig(Section):
+    """The KL-constrained actor update: the only definition of its settings. ``training.WebRLConfig`` (the
+    Trainer's arguments) takes its loss fields, with their types, defaults and help, from ``LOSS_FIELDS`` below,
+    and its optimisation arguments from the rest (``WebRLConfig.from_settings``)."""
+
+    LOSS_FIELDS: ClassVar[tuple[str, ...]] = ("loss", "kl", "beta", "beta_high", "lam", "margin", "paper_logratio",
+                                              "count_norm")
+
+    # -- the WebRL loss (training.webrl_actor_loss, advantage.py) --------------------------------
     loss: Literal["paper", "official"] = Field("official", description="paper: Eq. 6 squared loss; official: repo's Huber rule")
     kl: bool = Field(True, description="KL-constrained loss; False = plain SFT on the same data (Fig. 5 ablation)")
     beta: float = Field(1.0, gt=0, description="KL coefficient for loss=paper (official uses 1/5 adaptively)")
+    beta_high: float = Field(5.0, gt=0, description="official adaptive beta for confident references (low is 1)")
     lam: float = Field(0.5, ge=0, le=1, description="lambda mixing 1-step TD and MC advantage (paper Eq. 9)")
-    gamma: float = Field(0.9, ge=0, le=1, description="discount of the Monte-Carlo return")
     margin: float = Field(0.05, ge=0, description="official advantage margin subtracted from V(s')-V(s)")
+    paper_logratio: Literal["sum", "mean"] = Field(
+        "sum", description="loss=paper: sequence log-ratio (sum, the paper's log pi(a|s)) or per-token mean")
+    count_norm: Literal["sample", "batch"] = Field(
+        "sample", description="loss=official: divide the log-ratio by the sample's action tokens (the repo at its batch 1) or the batch's")
+
+    # -- optimisation (TrainingArguments) -------------------------------------------------------
     lr: float = Field(1e-4, gt=0, description="actor LR; paper 1e-6 for 8B; the tiny embedded model needs ~1e-4 to move")
     epochs: float = Field(1.0, gt=0, description="actor epochs per phase (paper: 1)")
     batch_size: int = Field(8, ge=1, description="samples per optimizer step (x grad_accum)")
@@ -214,17 +252,7 @@ class ActorTrainConfig(Section):
     micro_batch_size: int | None = Field(
         None, ge=1, description="samples per forward pass (must divide batch_size; accumulation makes up the rest). "
         "None: 1 on CPU, where padding costs more than batching saves (`webrl bench train`), else batch_size")
-    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping (paper: 1.0)")
-    sft_lr: float = Field(1e-3, gt=0, description="LR of the bootstrap SFT of the embedded actor")
-    sft_epochs: float = Field(8.0, gt=0, description="epochs of the bootstrap SFT")
-    sft_loss: Literal["completion", "all"] = Field(
-        "completion", description="bootstrap SFT loss on the action tokens only (TRL default), or on the prompt too "
-        "(a from-scratch model learns the page format and copying from it much faster)")
-    beta_high: float = Field(5.0, gt=0, description="official adaptive beta for confident references (low is 1)")
-    paper_logratio: Literal["sum", "mean"] = Field(
-        "sum", description="loss=paper: sequence log-ratio (sum, the paper's log pi(a|s)) or per-token mean")
-    count_norm: Literal["sample", "batch"] = Field(
-        "sample", description="loss=official: divide the log-ratio by the sample's action tokens (the repo at its batch 1) or the batch's")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping (paper: 1.0; also the bootstrap SFT's)")
 
 
 class CurriculumConfig(Section):
@@ -236,6 +264,9 @@ class CurriculumConfig(Section):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the generator")
     model_name: str = Field("gpt-4o-2024-05-13", description="generator model name")
     hf_model: str | None = Field(None, description="local HF model folder for generator=hf")
+    api_key_env: str = Field("OPENAI_API_KEY", description="env var holding the generator endpoint's API key")
+    filter_low: float = Field(0.05, ge=0, le=1, description="keep generated tasks whose critic value is >= this")
+    filter_high: float = Field(0.75, ge=0, le=1, description="... and <= this")
     min_kept_fraction: float = Field(
         0.25, ge=0, le=1, description="if the value filter keeps fewer than this fraction of tasks_per_phase, top up "
         "with the dropped tasks nearest the window (official: 0, a phase may get no tasks)")
@@ -250,6 +281,11 @@ class BootstrapConfig(Section):
     rollout_tasks: int = Field(120, ge=1, description="training tasks the SFT actor rolls out (ORM data, first failures)")
     random_tasks: int = Field(40, ge=0, description="training tasks a random policy rolls out (ORM negatives)")
     sft_actor: str | None = Field(None, description="existing SFT actor HF folder (real models): skips oracle SFT")
+    sft_lr: float = Field(1e-3, gt=0, description="LR of the bootstrap SFT of the embedded actor")
+    sft_epochs: float = Field(8.0, gt=0, description="epochs of the bootstrap SFT")
+    sft_loss: Literal["completion", "all"] = Field(
+        "completion", description="bootstrap SFT loss on the action tokens only (TRL default), or on the prompt too "
+        "(a from-scratch model learns the page format and copying from it much faster)")
     n_shards: int = Field(2, ge=1, description="rollout shards mapped as separate Prefect tasks")
 
     @field_validator("sft_actor")
@@ -268,6 +304,22 @@ class EvalConfig(Section):
 class TrackingConfig(Section):
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI; empty: sqlite in the run dir; MLFLOW_TRACKING_URI wins")
     experiment: str = Field("webrl", description="MLflow experiment name")
+
+
+def accelerate_config_names() -> list[str]:
+    return sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml"))
+
+
+def accelerate_config_path(name: str) -> Path:
+    """A name in infra/accelerate/ (with or without .yaml) or an existing file path."""
+    p = Path(os.path.expanduser(name))
+    if p.is_file():
+        return p.resolve()
+    cand = ACCELERATE_CONFIGS / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
+    if cand.is_file():
+        return cand
+    raise ValueError(f"accelerate config {name!r} is neither a file nor one of {accelerate_config_names()} "
+                     f"in {ACCELERATE_CONFIGS}")
 
 
 class TrainingConfig(Section):
@@ -290,10 +342,34 @@ class TrainingConfig(Section):
     @model_validator(mode="after")
     def _config_exists(self) -> TrainingConfig:
         if self.launcher == "accelerate":
-            from webrl_core.launch import accelerate_config_path  # launch imports this module
-
             accelerate_config_path(self.accelerate_config)
         return self
+
+
+class RolloutConfig(Section):
+    """Where rollouts run: in the stage's process, or as shards on a Ray cluster (``webrl_core.ray_rollout``)."""
+
+    engine: Literal["local", "ray"] = Field(
+        "local", description="local: the stage's process runs every episode; ray: shards of episodes run as Ray "
+        "tasks across a Ray cluster (webrl_core.ray_rollout)")
+    ray_address: str | None = Field(
+        None, description="Ray cluster to join (host:port of the head's GCS, 'auto' for the cluster `ray start` "
+        "made on this machine, or ray://host:10001); null: the RAY_ADDRESS env var, else a local cluster is "
+        "started for the rollout and stopped after it")
+    shard_size: int = Field(8, ge=1, description="episodes per Ray task; each task starts its own sites server and "
+                            "browser pool (smaller: better balance and less re-run work after a failure, more "
+                            "start-up cost)")
+    retries: int = Field(3, ge=0, description="times Ray re-runs a shard whose worker or node died (max_retries); "
+                         "finished episodes are kept, only the unfinished ones run again")
+    cpus_per_shard: float = Field(1.0, gt=0, description="Ray CPUs a shard reserves (a node runs at most "
+                                  "num_cpus / cpus_per_shard shards at once, each with env.n_envs browsers)")
+    policy_serving: Literal["shared", "per_shard"] = Field(
+        "shared", description="policy.backend=hf: shared serves the checkpoint once from the driver as an "
+        "OpenAI-compatible endpoint every shard calls; per_shard loads a model copy in every shard (the "
+        "checkpoint path must exist on every node). Other backends ignore it")
+    policy_host: str = Field(
+        "127.0.0.1", description="interface the shared policy server binds and the shards call; loopback serves "
+        "only shards on the driver's machine: set the driver's IP for a multi-machine cluster")
 
 
 class WebRLSettings(Section):
@@ -306,10 +382,13 @@ class WebRLSettings(Section):
     models: ModelsConfig = Field(default_factory=ModelsConfig, description="model folders and sizes")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="how actions are generated")
     orm: OrmConfig = Field(default_factory=OrmConfig, description="outcome reward model")
-    critic: CriticConfig = Field(default_factory=CriticConfig, description="critic training and task filter")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="critic training")
+    transitions: TransitionsConfig = Field(default_factory=TransitionsConfig,
+                                           description="step samples (and their MC returns) from episodes")
     replay: ReplayConfig = Field(default_factory=ReplayConfig, description="perplexity replay selection")
     actor: ActorTrainConfig = Field(default_factory=ActorTrainConfig, description="KL-constrained actor update")
-    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig, description="self-evolving task generation")
+    curriculum: CurriculumConfig = Field(default_factory=CurriculumConfig,
+                                         description="self-evolving task generation and its critic filter")
     bootstrap: BootstrapConfig = Field(default_factory=BootstrapConfig, description="phase 0: demos, SFT, ORM data")
     eval: EvalConfig = Field(default_factory=EvalConfig, description="test-set evaluation")
     tracking: TrackingConfig = Field(default_factory=TrackingConfig, description="MLflow tracking")
@@ -318,8 +397,63 @@ class WebRLSettings(Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="where rollouts run (local or a "
                                    "Ray cluster)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_fields(cls, data: Any) -> Any:
+        """Old names (``RENAMED``) -> new ones, with a warning; and, for one release, the curriculum's API key
+        env var follows ``policy.api_key_env`` when only that one is set (the curriculum used to read it)."""
+        if not isinstance(data, dict):
+            return data
+        data = migrate_renamed(data)
+        policy, cur = data.get("policy"), data.get("curriculum")
+        if (isinstance(policy, dict) and "api_key_env" in policy and isinstance(cur, dict)
+                and cur.get("generator") == "openai" and "api_key_env" not in cur):
+            _deprecated(f"the curriculum's generator now reads 'curriculum.api_key_env', not 'policy.api_key_env': "
+                        f"using policy.api_key_env={policy['api_key_env']!r} for it; set curriculum.api_key_env")
+            data["curriculum"] = {**cur, "api_key_env": policy["api_key_env"]}
+        return data
+
     def run_dir(self) -> Path:
         return Path(self.run.root) / self.run.name
+
+
+def _deprecated(message: str) -> None:
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    log.warning(message)  # DeprecationWarning is hidden outside __main__ by default; the log line is not
+
+
+def migrate_renamed(data: dict, source: str = "config") -> dict:
+    """``data`` (a config mapping) with every old name of ``RENAMED`` moved to its new name, each with a
+    deprecation warning. Giving both names with different values is an error. The input is not modified."""
+    out = dict(data)
+    for old, new in RENAMED.items():
+        old_section, old_key = old.split(".")
+        section = out.get(old_section)
+        if not isinstance(section, dict) or old_key not in section:
+            continue
+        new_section, new_key = new.split(".")
+        target = out.get(new_section, {})
+        if not isinstance(target, dict):
+            continue  # not a mapping: validation reports it
+        section = dict(section)
+        value = section.pop(old_key)
+        if new_key in target and target[new_key] != value:
+            raise ValueError(f"{source}: both {old!r} (deprecated) and {new!r} are set, to {value!r} and "
+                             f"{target[new_key]!r}; keep only {new!r}")
+        _deprecated(f"{source}: config field {old!r} is deprecated, use {new!r} (the old name is accepted until "
+                    f"the next release)")
+        out[old_section] = section
+        out[new_section] = {**target, new_key: value}
+    return out
+
+
+def renamed_key(dotted: str) -> str:
+    """The current name of a dotted ``--set`` key (warns when it is an old one)."""
+    if dotted in RENAMED:
+        _deprecated(f"--set {dotted}: config field {dotted!r} is deprecated, use {RENAMED[dotted]!r} (the old name "
+                    f"is accepted until the next release)")
+        return RENAMED[dotted]
+    return dotted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +510,10 @@ def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}: cannot read the config: {e.strerror or e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(data).__name__}")
+    try:
+        data = migrate_renamed(data, str(path))  # per file, so the later file wins whichever name each uses
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     parent = data.pop("extends", None)
     if parent:
         parents = parent if isinstance(parent, list) else [parent]
@@ -455,7 +593,7 @@ def load_config(path: str | Path | None = None, overlays: list[str | Path] = (),
         if "=" not in s:
             raise ConfigError(f"--set {s!r}: expected section.key=value")
         k, v = s.split("=", 1)
-        _set_dotted(data, k.strip(), v.strip())
+        _set_dotted(data, renamed_key(k.strip()), v.strip())
         source += f" + --set {k.strip()}"
     env_urls = env_site_urls(environ)
     if env_urls:

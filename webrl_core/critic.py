@@ -1,4 +1,5 @@
-"""The WebRL critic V(s): the SFT model's backbone + two MLP heads (webrl_spec.md §2.4).
+"""The WebRL critic V(s): the SFT model's backbone + two MLP heads (official ``webrl/models/critic.py``; trained by
+``WebRLTrainer.critic_loss`` in ``webrl/algorithms/webrl/trainer.py``).
 
     h      = hidden state of the LAST NON-PAD token of the observation prompt s (works for right or left padding;
              the official code reads position -1, which is a pad token for batch > 1 with right padding)
@@ -30,11 +31,13 @@ Folder format (``save``/``load``): ``backbone/`` (HF ``save_pretrained`` + token
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from rich.progress import track
 from torch import nn
 
 from webrl_core.models import encode_prompt, left_pad, load_tokenizer, resolve_device, torch_dtype
@@ -130,7 +133,6 @@ class Critic(nn.Module):
         out_dir.mkdir(parents=True, exist_ok=True)
         backbone = self.backbone
         if hasattr(backbone, "merge_and_unload"):  # LoRA: save the merged weights, keep the adapters in memory
-            import copy
             backbone = copy.deepcopy(backbone).merge_and_unload()
         backbone.save_pretrained(out_dir / BACKBONE_DIR, safe_serialization=True)
         if self.tokenizer is not None:
@@ -197,10 +199,7 @@ class Critic(nn.Module):
         lengths = [len(p) for p in prompts]
         order = sorted(range(n), key=lambda i: lengths[i])
         batches = [order[i:i + batch_size] for i in range(0, n, batch_size)]
-        if progress:
-            from tqdm.auto import tqdm
-            batches = tqdm(batches, desc="critic values", unit="batch")
-        for idx in batches:
+        for idx in track(batches, description="critic values", disable=not progress):
             enc = self.tokenize([prompts[i] for i in idx])
             l1, l2 = self(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device))
             p1[idx] = F.softmax(l1.float(), -1)[:, 1].cpu()

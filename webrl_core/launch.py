@@ -41,14 +41,10 @@ import time
 import traceback
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
-from pydantic import Field, model_validator
+from webrl_core.config import REPO_ROOT, TrainingConfig, accelerate_config_names, accelerate_config_path  # noqa: F401
 
-from webrl_core.config import TrainingConfig
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-ACCELERATE_CONFIGS = REPO_ROOT / "infra" / "accelerate"
 FAULT_ENV = "WEBRL_LAUNCH_FAULT"  # "<rank>[:<step>]": that rank raises in its training step (tests)
 TAIL_LINES = 40
 
@@ -61,22 +57,6 @@ class LaunchError(RuntimeError):
     def __init__(self, message: str, rank: int | None = None, returncode: int | None = None, tail: str = ""):
         super().__init__(message)
         self.rank, self.returncode, self.tail = rank, returncode, tail
-
-
-def accelerate_config_names() -> list[str]:
-    return sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml"))
-
-
-def accelerate_config_path(name: str) -> Path:
-    """A name in infra/accelerate/ (with or without .yaml) or an existing file path."""
-    p = Path(os.path.expanduser(name))
-    if p.is_file():
-        return p.resolve()
-    cand = ACCELERATE_CONFIGS / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
-    if cand.is_file():
-        return cand
-    raise ValueError(f"accelerate config {name!r} is neither a file nor one of {accelerate_config_names()} "
-                     f"in {ACCELERATE_CONFIGS}")
 
 
 def _training_config(settings, training: TrainingConfig | None) -> TrainingConfig:

@@ -8,8 +8,8 @@ Contract:
 
       input_ids = prompt_ids + action_ids + [stop_id]
 
-  from *separately* tokenised prompt and action (webrl_spec.md §10.2: no BPE merge across the boundary can shift
-  the action mask). ``prompt_ids`` starts with BOS when the tokenizer has one and the prompt text does not already
+  from *separately* tokenised prompt and action (so no BPE merge across the boundary can shift the action
+  mask). ``prompt_ids`` starts with BOS when the tokenizer has one and the prompt text does not already
   start with it (Llama-3 behaviour; the ORM prompt carries its BOS as text). ``stop_id`` is ``<|eot_id|>`` when the
   vocabulary has it, else EOS. When the sample is longer than ``max_length`` only the observation is cut: the
   prompt's text before its last ``<|eot_id|>`` (i.e. the end of the current HTML, like the character budget of
@@ -26,7 +26,9 @@ Contract:
 from __future__ import annotations
 
 import copy
+import json
 import os
+import struct
 from pathlib import Path
 from typing import Iterable
 
@@ -77,9 +79,6 @@ def _listing(p: Path, n: int = 12) -> str:
 
 def _check_safetensors(f: Path, label: str = "") -> None:
     """The header of a .safetensors file is readable and the file is as long as the header says."""
-    import json
-    import struct
-
     size = f.stat().st_size
     try:
         with open(f, "rb") as fh:
@@ -100,8 +99,6 @@ def check_model_folder(path: str | os.PathLike, what: str = "model", field: str 
     """Fail with a :class:`ModelFolderError` naming the folder and the missing or broken file, before any loading:
     ``what="model"``: a folder with a parseable config.json of an architecture this transformers knows as a causal
     LM, weights (safetensors or .bin, shards complete) and a tokenizer; ``what="tokenizer"``: tokenizer files."""
-    import json
-
     p = Path(os.path.expanduser(str(path)))
     label = f"{field}: " if field else ""
     if not p.exists():

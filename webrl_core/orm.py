@@ -1,4 +1,5 @@
-"""The outcome reward model (ORM): a causal LM that answers YES or NO (webrl_spec.md §3).
+"""The outcome reward model (ORM): a causal LM that answers YES or NO (the WebRL paper's outcome-supervised reward
+model, arXiv 2411.02337).
 
 Input: exactly ``prompts.build_orm_prompt(intent, responses, final_html, max_html_chars)`` -- the HTML is cut to the
 character budget and, if the token count still exceeds ``models.max_length``, the end of the HTML is cut again at
@@ -141,6 +142,8 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
     """Fine-tune ``base_model_dir`` on (prompt, YES/NO) with TRL's SFTTrainer; saves an HF folder at out_dir."""
     from trl import SFTConfig, SFTTrainer
 
+    from webrl_core.training import fit, progress_callbacks
+
     cfg = cfg or OrmConfig()
     models_cfg = models_cfg or ModelsConfig()
     if not examples:
@@ -154,10 +157,10 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
         logging_steps=10, save_strategy="no", report_to="none", seed=seed, completion_only_loss=True,
         max_length=models_cfg.max_length, gradient_checkpointing=models_cfg.gradient_checkpointing,
         use_cpu=device.type == "cpu", bf16=models_cfg.dtype == "bfloat16" and device.type == "cuda",
-        disable_tqdm=False)
+        disable_tqdm=True)  # progress: rich (progress_callbacks), as everywhere else
     trainer = SFTTrainer(model=model, args=args, train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
-                         processing_class=tok)
-    trainer.train()
+                         processing_class=tok, callbacks=progress_callbacks())
+    fit(trainer)
     model = trainer.model
     model.eval()
     return save_model(model, tok, out_dir)

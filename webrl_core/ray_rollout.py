@@ -47,9 +47,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator
 
-from pydantic import BaseModel, ConfigDict, Field
+
+from webrl_core.config import RolloutConfig
 
 log = logging.getLogger("webrl.ray")
 
@@ -58,36 +59,6 @@ log = logging.getLogger("webrl.ray")
 LOCAL_CLUSTER_IP = "127.0.0.2"
 SERVED_MODEL_NAME = "webrl-embedded"
 SCRIPTED = ("oracle", "random")
-
-
-class RolloutConfig(BaseModel):
-    """Section ``rollout`` of ``WebRLSettings``. It has ``webrl_core.config.Section``'s model config but does not
-    derive from it: config.py imports this class, and a Ray worker imports this module before anything else (to
-    run ``_run_shard``), so importing config.py from here would be an import cycle."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    engine: Literal["local", "ray"] = Field(
-        "local", description="local: the stage's process runs every episode; ray: shards of episodes run as Ray "
-        "tasks across a Ray cluster (webrl_core.ray_rollout)")
-    ray_address: str | None = Field(
-        None, description="Ray cluster to join (host:port of the head's GCS, 'auto' for the cluster `ray start` "
-        "made on this machine, or ray://host:10001); null: the RAY_ADDRESS env var, else a local cluster is "
-        "started for the rollout and stopped after it")
-    shard_size: int = Field(8, ge=1, description="episodes per Ray task; each task starts its own sites server and "
-                            "browser pool (smaller: better balance and less re-run work after a failure, more "
-                            "start-up cost)")
-    retries: int = Field(3, ge=0, description="times Ray re-runs a shard whose worker or node died (max_retries); "
-                         "finished episodes are kept, only the unfinished ones run again")
-    cpus_per_shard: float = Field(1.0, gt=0, description="Ray CPUs a shard reserves (a node runs at most "
-                                  "num_cpus / cpus_per_shard shards at once, each with env.n_envs browsers)")
-    policy_serving: Literal["shared", "per_shard"] = Field(
-        "shared", description="policy.backend=hf: shared serves the checkpoint once from the driver as an "
-        "OpenAI-compatible endpoint every shard calls; per_shard loads a model copy in every shard (the "
-        "checkpoint path must exist on every node). Other backends ignore it")
-    policy_host: str = Field(
-        "127.0.0.1", description="interface the shared policy server binds and the shards call; loopback serves "
-        "only shards on the driver's machine: set the driver's IP for a multi-machine cluster")
 
 
 # ----------------------------------------------------------------------------------------- connection

@@ -1,4 +1,5 @@
-"""Perplexity-filtered replay of earlier phases' successful steps (webrl_spec.md §4.1, §4.3).
+"""Perplexity-filtered replay of earlier phases' successful steps (the WebRL paper's experience replay buffer with
+actor confidence filtering, arXiv 2411.02337).
 
 For every step of an earlier phase's successful trajectory, under the actor at the start of the current phase:
 

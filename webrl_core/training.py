@@ -1,9 +1,11 @@
-"""WebRL training: the critic, the KL-constrained actor update, and the bootstrap SFT (webrl_spec.md §2).
+"""WebRL training: the critic, the KL-constrained actor update, and the bootstrap SFT.
 
+The actor update is the WebRL paper's KL-constrained policy update (arXiv 2411.02337, Eq. 6 with the advantage of
+Eq. 9) or the official code's version of it (``webrl/algorithms/webrl/trainer.py``, ``WebRLTrainer.actor_loss``).
 Actor loss per kept sample i, with logp_i = sum over the action tokens of log pi_theta, ref_logp_i the same under
 pi_ref (the actor at the start of the phase), n_i the action token count (the action + the stop token):
 
-``loss="official"`` (repo ``WebRLTrainer.actor_loss``; A binarised, beta adaptive, advantage.py)::
+``loss="official"`` (``WebRLTrainer.actor_loss``; A binarised, beta adaptive, advantage.py)::
 
     c_i         = n_i ("sample", the repo at its batch size 1) or sum_j n_j mask_j ("batch", the repo's formula
                   for batch > 1); max(c, 1)
@@ -39,6 +41,11 @@ The precompute is split across the processes and gathered (``accelerate.PartialS
 ``transformers.Trainer`` subclasses, so data sharding, gradient sync and clipping come from Trainer/accelerate.
 Defaults follow the paper (constant LR, 1 epoch, grad clip 1.0, AdamW weight decay 0.01); only the LR of the tiny
 embedded model is larger (``ActorTrainConfig.lr``) because 1e-6 does not move a 1-10M-parameter model in one epoch.
+
+Settings: the config sections (``webrl_core.config``: ``actor``, ``critic``, ``bootstrap``) are the only definition;
+``WebRLConfig``, the actor Trainer's arguments, takes its loss fields from ``ActorTrainConfig`` and is built from
+the settings by ``WebRLConfig.from_settings``. Progress: rich, for our loops (``rich.progress``) and for the
+Trainers (TRL's ``RichProgressCallback``, with the Trainer's own tqdm bar off).
 """
 
 from __future__ import annotations
@@ -50,9 +57,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from rich.progress import track
 from transformers import Trainer, TrainingArguments, set_seed
 
 from webrl_core import advantage as adv_mod
+from webrl_core.config import ActorTrainConfig
 from webrl_core.critic import Critic, critic_examples, critic_loss
 from webrl_core.models import (encode_prompt_action, left_pad, load_causal_lm, load_tokenizer, resolve_device,
                                save_model)
@@ -61,28 +70,59 @@ from webrl_core.models import (encode_prompt_action, left_pad, load_causal_lm, l
 # ---------------------------------------------------------------------------------------------
 # configs
 
-@dataclass
-class WebRLConfig(TrainingArguments):
-    """TrainingArguments + the WebRL loss settings (see the module docstring)."""
+def _fields_of(section: type, names: tuple[str, ...]):
+    """A class decorator: the dataclass fields ``names`` of a pydantic config section -- type, default and help
+    (``description``) -- added to a ``TrainingArguments`` subclass, which is then made a dataclass. The section
+    stays the one definition of those fields."""
 
-    loss: str = field(default="official", metadata={"help": "'official' (repo Huber rule) or 'paper' (Eq. 6)"})
-    kl: bool = field(default=True, metadata={"help": "False: plain SFT on the positive samples (ablation)"})
-    beta: float = field(default=1.0, metadata={"help": "fixed beta for loss=paper"})
-    beta_high: float = field(default=5.0, metadata={"help": "official adaptive beta for confident references"})
-    lam: float = field(default=0.5, metadata={"help": "paper Eq. 9 lambda"})
-    gamma: float = field(default=0.9, metadata={"help": "MC-return discount"})
-    margin: float = field(default=0.05, metadata={"help": "official advantage margin"})
-    paper_logratio: str = field(default="sum", metadata={"help": "'sum' (sequence) or 'mean' (per token)"})
-    count_norm: str = field(default="sample", metadata={"help": "official log-ratio divisor: 'sample' or 'batch'"})
+    def decorate(cls):
+        annotations = dict(cls.__dict__.get("__annotations__", {}))
+        for name in names:
+            f = section.model_fields[name]
+            annotations[name] = f.annotation
+            setattr(cls, name, field(default=f.default, metadata={"help": f.description}))
+        cls.__annotations__ = annotations
+        return dataclass(cls)
+
+    return decorate
+
+
+@_fields_of(ActorTrainConfig, ActorTrainConfig.LOSS_FIELDS)
+class WebRLConfig(TrainingArguments):
+    """``TrainingArguments`` + the WebRL loss fields, the arguments of ``WebRLTrainer`` (TRL's ``XxxConfig``
+    convention). The loss fields (``ActorTrainConfig.LOSS_FIELDS``: loss, kl, beta, beta_high, lam, margin,
+    paper_logratio, count_norm) are declared once, in the ``actor`` config section, and validated by it;
+    ``from_settings`` maps the section's optimisation fields onto the ``TrainingArguments`` ones."""
 
     def __post_init__(self):
         super().__post_init__()
-        if self.loss not in ("official", "paper"):
-            raise ValueError(f"WebRLConfig.loss={self.loss!r}; allowed: 'official', 'paper'")
-        if self.paper_logratio not in ("sum", "mean"):
-            raise ValueError(f"WebRLConfig.paper_logratio={self.paper_logratio!r}; allowed: 'sum', 'mean'")
-        if self.count_norm not in ("sample", "batch"):
-            raise ValueError(f"WebRLConfig.count_norm={self.count_norm!r}; allowed: 'sample', 'batch'")
+        ActorTrainConfig.model_validate({n: getattr(self, n) for n in ActorTrainConfig.LOSS_FIELDS})
+
+    @classmethod
+    def from_settings(cls, settings, out_dir: str | Path, max_steps: int | None = None) -> WebRLConfig:
+        """The actor Trainer's arguments from the ``actor`` section of the settings."""
+        a = settings.actor
+        micro, accum = actor_micro_batches(settings)
+        return _trainer_args(cls, Path(out_dir), settings, a.lr, a.epochs, micro, accum, a.max_grad_norm,
+                             max_steps, **a.model_dump(include=set(ActorTrainConfig.LOSS_FIELDS)))
+
+
+def progress_callbacks() -> list:
+    """The Trainers' progress display: TRL's rich one (with ``disable_tqdm=True`` in the arguments)."""
+    from trl.trainer.callbacks import RichProgressCallback
+
+    return [RichProgressCallback()]
+
+
+def fit(trainer: Trainer):
+    """``trainer.train()``; the rich progress display is stopped even when training raises."""
+    try:
+        return trainer.train()
+    finally:
+        for cb in trainer.callback_handler.callbacks:
+            live = getattr(cb, "rich_group", None)  # RichProgressCallback's Live, None once on_train_end ran
+            if live is not None:
+                live.stop()
 
 
 def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_size: int, grad_accum: int,
@@ -94,7 +134,7 @@ def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_
                max_steps=max_steps if max_steps else -1, lr_scheduler_type=scheduler, warmup_steps=warmup,
                weight_decay=0.01, max_grad_norm=max_grad_norm, logging_steps=10, save_strategy="no",
                report_to="none", remove_unused_columns=False, use_cpu=use_cpu, seed=settings.run.seed,
-               data_seed=settings.run.seed, disable_tqdm=False, dataloader_num_workers=0,
+               data_seed=settings.run.seed, disable_tqdm=True, dataloader_num_workers=0,
                train_sampling_strategy="group_by_length", **extra)  # less padding; uses the "length" column
 
 
@@ -107,16 +147,6 @@ def actor_micro_batches(settings) -> tuple[int, int]:
     if a.batch_size % micro:
         raise ValueError(f"actor.micro_batch_size={micro} must divide actor.batch_size={a.batch_size}")
     return micro, a.grad_accum * (a.batch_size // micro)
-
-
-def webrl_config(settings, out_dir: str | Path, max_steps: int | None = None) -> WebRLConfig:
-    """WebRLConfig from the ``actor`` section of the settings."""
-    a = settings.actor
-    micro, accum = actor_micro_batches(settings)
-    return _trainer_args(WebRLConfig, Path(out_dir), settings, a.lr, a.epochs, micro, accum,
-                         a.max_grad_norm, max_steps, loss=a.loss, kl=a.kl, beta=a.beta, beta_high=a.beta_high,
-                         lam=a.lam, gamma=a.gamma, margin=a.margin, paper_logratio=a.paper_logratio,
-                         count_norm=a.count_norm)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,10 +191,7 @@ def sequence_logprobs(model, rows: list[dict], pad_id: int, batch_size: int = 8,
     out = torch.zeros(len(rows), dtype=torch.float32)
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    if progress:
-        from tqdm.auto import tqdm
-        batches = tqdm(batches, desc="reference log-probs", unit="batch")
-    for idx in batches:
+    for idx in track(batches, description="reference log-probs", disable=not progress):
         ids, mask = left_pad([rows[i]["input_ids"] for i in idx], pad_id)
         n = torch.tensor([rows[i]["n_action"] for i in idx])
         out[idx] = action_logprobs(model, ids.to(device), mask.to(device), n).float().cpu()
@@ -418,7 +445,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     trajectories' steps are used (filtered BC). Returns timings and statistics."""
     _check_samples(samples)
     out_dir = Path(out_dir)
-    cfg = webrl_config(settings, out_dir, max_steps)
+    cfg = WebRLConfig.from_settings(settings, out_dir, max_steps)
     t0 = time.perf_counter()
     if critic_dir is not None:
         with _whole_models():
@@ -445,7 +472,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
     rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
     t1 = time.perf_counter()
-    micro = cfg.per_device_train_batch_size  # actor_micro_batches, resolved once in webrl_config
+    micro = cfg.per_device_train_batch_size  # actor_micro_batches, resolved once in WebRLConfig.from_settings
     ref_logp = torch.tensor(_dist_map(lambda r: sequence_logprobs(model, r, tok.pad_token_id, micro,
                                                                   progress).tolist(),
                                       rows)) if rows else torch.zeros(0)
@@ -473,9 +500,9 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     from datasets import Dataset
 
     trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
-                           data_collator=ActorCollator(tok.pad_token_id))
+                           data_collator=ActorCollator(tok.pad_token_id), callbacks=progress_callbacks())
     t2 = time.perf_counter()
-    result = trainer.train()
+    result = fit(trainer)
     t_train = time.perf_counter() - t2
     full = _full_model(trainer, lambda: load_causal_lm(actor_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))
@@ -553,9 +580,10 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     args = _trainer_args(TrainingArguments, out_dir, settings, c.lr, c.epochs, c.batch_size, c.grad_accum,
                          c.max_grad_norm, max_steps)
     trainer = CriticTrainer(model=critic, args=args, train_dataset=Dataset.from_list(rows),
-                            data_collator=CriticCollator(critic.tokenizer.pad_token_id))
+                            data_collator=CriticCollator(critic.tokenizer.pad_token_id),
+                            callbacks=progress_callbacks())
     t0 = time.perf_counter()
-    result = trainer.train()
+    result = fit(trainer)
     train_s = time.perf_counter() - t0
 
     def rebuild():
@@ -580,13 +608,16 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
 
     The prompt-completion examples are tokenised by ``models.encode_prompt_action`` (prompt ids + action ids +
     stop, observation cut first) and given to SFTTrainer as ``input_ids`` + ``completion_mask``, so the loss
-    covers exactly the action and its stop token (``actor.sft_loss: all``: every token, for from-scratch models)."""
+    covers exactly the action and its stop token (``bootstrap.sft_loss: all``: every token, for from-scratch
+    models). LR, epochs and loss come from the ``bootstrap`` section; batch sizes and clipping from ``actor``
+    (the model trained is the actor). The recipe (cosine schedule, 10% warm-up) is the official SFT's
+    (``LLaMA-Factory/examples/train_full/llama3_full_policy_web.yaml``)."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     if not pairs:
         raise ValueError("sft_train: no (prompt, action) pairs")
-    a = settings.actor
+    a, boot = settings.actor, settings.bootstrap
     tok = load_tokenizer(model_dir)
     set_seed(settings.run.seed)
     models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
@@ -599,13 +630,14 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
         rows.append({"input_ids": enc["input_ids"], "completion_mask": enc["action_mask"]})
     out_dir = Path(out_dir)
     micro, accum = actor_micro_batches(settings)
-    args = _trainer_args(SFTConfig, out_dir, settings, a.sft_lr, a.sft_epochs, micro, accum,
+    args = _trainer_args(SFTConfig, out_dir, settings, boot.sft_lr, boot.sft_epochs, micro, accum,
                          a.max_grad_norm, max_steps, scheduler="cosine", warmup=0.1,  # the paper's SFT recipe
-                         completion_only_loss=a.sft_loss == "completion", max_length=settings.models.max_length,
+                         completion_only_loss=boot.sft_loss == "completion", max_length=settings.models.max_length,
                          gradient_checkpointing=settings.models.gradient_checkpointing)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
+                         callbacks=progress_callbacks())
     t0 = time.perf_counter()
-    result = trainer.train()
+    result = fit(trainer)
     train_s = time.perf_counter() - t0
     full = _full_model(trainer, lambda: load_causal_lm(model_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))
@@ -613,10 +645,10 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
         save_model(full, tok, out_dir)
     trainer.accelerator.wait_for_everyone()
     return {"n_pairs": len(pairs), "train_s": round(train_s, 3), "train_loss": result.training_loss,
-            "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * a.sft_epochs),
+            "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * boot.sft_epochs),
             "loss_curve": _loss_curve(trainer)}
 
 
 __all__ = ["WebRLConfig", "WebRLTrainer", "CriticTrainer", "webrl_actor_loss", "action_logprobs",
            "sequence_logprobs", "encode_samples", "compute_advantages", "critic_values_for", "train_actor",
-           "train_critic", "sft_train", "webrl_config"]
+           "train_critic", "sft_train", "fit", "progress_callbacks"]

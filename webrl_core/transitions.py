@@ -1,4 +1,4 @@
-"""Step-level training samples from stored episodes (official ``process_data.py`` stage 1, webrl_spec.md §4.2).
+"""Step-level training samples from stored episodes (official ``scripts/process_data.py``, stage 1).
 
 For an episode with steps 0..T-1 and final label R (``success`` -> 1/0; else ``orm_score``; else ``env_score``)::
 
@@ -9,11 +9,11 @@ For an episode with steps 0..T-1 and final label R (``success`` -> 1/0; else ``o
     reward_t           = R on every step               (official: the final label broadcast to all steps)
     done_t             = (t == T-1)
     trajectory_reward  = 1 if R >= 0.5 else 0
-    mc_return_t        = R * sum_{k=0}^{T-1-t} gamma^k  (gamma = 0.9)
+    mc_return_t        = R * sum_{k=0}^{T-1-t} gamma^k  (gamma: ``transitions.gamma``, official 0.9)
 
 Also: export to the official files (``List[List[step]]`` stage-1 ``.pt`` and the flat shuffled ``*_filter.pt``
 with ``mc_return`` and, for replay items, ``rank_score``; both ``torch.save``) and import of VisualAgentBench
-result folders (``traces/<id>.jsonl`` + ``actions/<id>.json``, webrl_spec.md §7.1) into episode/step dicts.
+result folders (``traces/<id>.jsonl`` + ``actions/<id>.json``) into episode/step dicts.
 """
 
 from __future__ import annotations

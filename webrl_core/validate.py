@@ -32,7 +32,6 @@ from typing import Any
 from webrl_core.config import WebRLSettings, dump_config
 from webrl_core.websites import SITES
 
-# the sites webrl_core.sites serves (webrl_core.sites.server.SITES; kept here so checks do not import the server)
 CONFIG_FILE = "config.yaml"
 HISTORY_DIR = "config-history"
 

@@ -13,7 +13,7 @@ import pytest
 from webrl_core.bench.faults import FAULT_NAMES, recovery, run_matrix, select, summarize
 
 SMALL = ["bootstrap.demo_tasks=8", "bootstrap.rollout_tasks=4", "bootstrap.random_tasks=2", "eval.max_tasks=4",
-         "actor.sft_epochs=1", "curriculum.tasks_per_phase=4"]
+         "bootstrap.sft_epochs=1", "curriculum.tasks_per_phase=4"]
 
 
 def test_select_names_every_fault_and_rejects_unknown():

@@ -210,8 +210,8 @@ def test_a_flow_started_on_a_busy_run_dir_is_refused_and_the_first_completes(ser
     cfg = root / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({
         "extends": "smoke", "run": {"name": "tiny", "root": str(root)}, "env": {"max_steps": 5},
-        "bootstrap": {"demo_tasks": 6, "rollout_tasks": 2, "random_tasks": 0, "n_shards": 1},
-        "actor": {"sft_epochs": 1}, "eval": {"max_tasks": 2}}))
+        "bootstrap": {"demo_tasks": 6, "rollout_tasks": 2, "random_tasks": 0, "n_shards": 1, "sft_epochs": 1},
+        "eval": {"max_tasks": 2}}))
     rd = root / "tiny"
     env = dict(stack.env(), PREFECT_LOGGING_LEVEL="WARNING")  # the CLI runs flows against the server (no ephemeral API)
 

@@ -14,6 +14,7 @@ depending on its load, so those tests are marked slow (about 6 minutes together;
 """
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -113,8 +114,6 @@ def test_per_rank_settings_split_the_global_batch():
 
 
 def test_inprocess_dispatch_calls_the_trainers(monkeypatch, tmp_path):
-    from types import SimpleNamespace
-
     from webrl_core import training
 
     calls = []

@@ -1,15 +1,18 @@
 """The WebRL actor loss by hand, exact action log-probs under left padding, and short real training runs."""
 
+import dataclasses
+
 import pytest
 import torch
+from transformers import TrainingArguments
 
-from webrl_core.config import EmbeddedModelConfig, load_config
+from webrl_core.config import ActorTrainConfig, EmbeddedModelConfig, load_config
 from webrl_core.critic import Critic
 from webrl_core.models import (build_embedded_model, encode_prompt_action, left_pad, load_causal_lm, load_tokenizer,
                                train_embedded_tokenizer)
 from webrl_core.prompts import build_prompt
-from webrl_core.training import (action_logprobs, actor_micro_batches, encode_samples, sequence_logprobs, sft_train,
-                                 train_actor, webrl_actor_loss)
+from webrl_core.training import (WebRLConfig, action_logprobs, actor_micro_batches, encode_samples, sequence_logprobs,
+                                 sft_train, train_actor, webrl_actor_loss)
 from webrl_core.transitions import build_transitions
 
 T = torch.tensor
@@ -52,6 +55,25 @@ def test_paper_and_sft_losses_by_hand():
     # kl=False: token-mean NLL of the kept samples: (3 + 6)/(4 + 5)
     loss, grad = _loss([-3.0, -6.0], [-4.0, -5.0], [4.0, 5.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0], kl=False)
     assert loss == pytest.approx(1.0) and grad == pytest.approx([-1 / 9, -1 / 9])
+
+
+def test_webrl_config_takes_its_loss_fields_from_the_actor_section(tmp_path):
+    """One definition: the Trainer's WebRL arguments are the actor section's loss fields (type, default, help),
+    validated by the section, and filled from the resolved settings."""
+    own = {f.name for f in dataclasses.fields(WebRLConfig)} - {f.name for f in dataclasses.fields(TrainingArguments)}
+    assert own == set(ActorTrainConfig.LOSS_FIELDS)
+    for f in dataclasses.fields(WebRLConfig):
+        if f.name in own:
+            src = ActorTrainConfig.model_fields[f.name]
+            assert (f.type, f.default, f.metadata["help"]) == (src.annotation, src.default, src.description)
+    settings = load_config(sets=["models.device=cpu", "actor.loss=paper", "actor.beta=0.5", "actor.count_norm=batch",
+                                 "actor.lr=0.02", "actor.batch_size=4", "actor.grad_accum=2"])
+    args = WebRLConfig.from_settings(settings, tmp_path)
+    assert {n: getattr(args, n) for n in own} == settings.actor.model_dump(include=own)
+    assert (args.learning_rate, args.per_device_train_batch_size, args.gradient_accumulation_steps) == (0.02, 1, 8)
+    assert args.disable_tqdm  # progress is rich's (RichProgressCallback), not the Trainer's tqdm bar
+    with pytest.raises(ValueError, match="count_norm"):
+        WebRLConfig(output_dir=str(tmp_path), use_cpu=True, count_norm="tokens")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +190,7 @@ def test_lora_paper_loss_and_saved_folders(tiny, tmp_path):
 def test_sft_bootstrap_learns_the_actions(tiny, tmp_path):
     samples = _samples()
     settings = load_config(sets=["models.device=cpu", "models.max_length=256", "actor.batch_size=4",
-                                 "actor.sft_lr=0.01", "actor.sft_epochs=10"])
+                                 "bootstrap.sft_lr=0.01", "bootstrap.sft_epochs=10"])
     stats = sft_train([(s["observation"], s["action"]) for s in samples], tiny["llama"], tmp_path / "sft", settings)
     assert stats["steps"] == 20
     before = _per_token_logp(tiny["llama"], samples, settings)

@@ -67,7 +67,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from webrl_core.pipeline import bootstrap, evaluation, experience, generation, task_sets, updates  # noqa: F401 (STAGES)
+import webrl_core.pipeline.bootstrap  # noqa: F401 -- each stage module registers its stages in STAGES
+import webrl_core.pipeline.evaluation  # noqa: F401
+import webrl_core.pipeline.experience  # noqa: F401
+import webrl_core.pipeline.generation  # noqa: F401
+import webrl_core.pipeline.task_sets  # noqa: F401
+import webrl_core.pipeline.updates  # noqa: F401
 from webrl_core.pipeline.stage import STAGES
 from webrl_core.rollout_policy import rollout_identity
 from webrl_core.rundir import model_ref

@@ -41,7 +41,7 @@ def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
     return ArtifactRef.of(real, "model")
 
 
-@stage("run", "models", "actor", "training")
+@stage("run", "models", "bootstrap", "training")
 def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
     """Create the embedded model and fine-tune it on successful oracle demonstrations (completion-only loss)."""
     eps, by_ep = TrajectoryStore(run_dir).finished_episodes(demos["episode_ids"])

@@ -123,19 +123,19 @@ def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: Artif
             "orm_precision": tp / max(1, tp + fp), "orm_recall": tp / max(1, tp + fn)}
 
 
-@stage("actor")
+@stage("transitions")
 def phase_transitions(settings, run_dir: str, phase: int, rollouts: dict) -> tuple[ArtifactRef, dict]:
     """Step-level transitions of the phase's labelled episodes (official ``process_data.py``, stage 1)."""
     store = TrajectoryStore(run_dir)
     eps, by_ep = store.finished_episodes(rollouts["episode_ids"])
-    samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
+    samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.transitions.gamma)
     ref = write_jsonl_version(samples, phase_dir(run_dir, "data", phase) / "samples.jsonl",
                               output_key(settings, json.dumps(rollouts["episode_ids"]),
                                          labelled_state(run_dir, phase, rollouts.get("policy_digest"))))
     return ref, {"samples": len(samples), "positive_samples": sum(1 for s in samples if s["trajectory_reward"] > 0)}
 
 
-@stage("run", "models", "replay", "actor", "policy")
+@stage("run", "models", "replay", "transitions", "policy")
 def replay_transitions(settings, run_dir: str, phase: int, actor_ref: ArtifactRef, samples_ref: ArtifactRef
                        ) -> tuple[ArtifactRef, dict]:
     """Successful steps of phases < k in the current lineage with 1/PPL under the phase-start actor in
@@ -155,7 +155,7 @@ def replay_transitions(settings, run_dir: str, phase: int, actor_ref: ArtifactRe
                                 seed=settings.run.seed, progress=True)
     rank = {(r["episode_id"], r["idx"]): r["rank_score"] for r in picked}
     eps, by_ep = store.finished_episodes(sorted({e for e, _ in rank}))
-    samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.actor.gamma)
+    samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.transitions.gamma)
     kept = [dict(x, rank_score=rank[(x["episode_id"], x["step_idx"])]) for x in samples
             if (x["episode_id"], x["step_idx"]) in rank]
     ref = write_jsonl_version(kept, out, key)

@@ -1,6 +1,6 @@
 """The self-evolving curriculum of a phase (paper Sec. 3.1): new instructions generated "in breadth" from the
 tasks the agent failed in phase k-1, then filtered by the critic: keep a task when the critic's value of its
-start page (the Round-0 prompt) lies in [``filter_low``, ``filter_high``] (0.05 and 0.75 in the paper), so tasks
+start page (the Round-0 prompt) lies in [``curriculum.filter_low``, ``filter_high``] (0.05 and 0.75 in the paper), so tasks
 are neither hopeless nor already solved. In phase 1 there is no trained critic yet: the filter is skipped, or
 uses the ORM's P(YES) on the start page (``curriculum.phase1_filter: orm``)."""
 
@@ -53,7 +53,7 @@ def generate_tasks(settings, run_dir: str, phase: int, seed_purpose: str) -> tup
     if cur.generator == "embedded":
         gen = EmbeddedGenerator(vary_task)
     elif cur.generator == "openai":
-        gen = ChatGenerator(cur.base_url, cur.model_name, os.environ.get(settings.policy.api_key_env),
+        gen = ChatGenerator(cur.base_url, cur.model_name, os.environ.get(cur.api_key_env),
                             cur.generation_turns, cur.seed_num)
     else:
         gen = HFGenerator(cur.base_url or "", cur.model_name, None, cur.generation_turns, cur.seed_num,
@@ -110,20 +110,21 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
                    for t in cands]
         critic = Critic.load(critic_ref.path, settings.models.dtype, settings.models.device, settings.models.max_length)
         v, p1, p2 = critic.values(prompts, batch_size=cc.batch_size)
-        kept, dropped = filter_by_value(cands, list(zip(v.tolist(), p1.tolist(), p2.tolist())), cc.filter_low,
-                                        cc.filter_high)
+        kept, dropped = filter_by_value(cands, list(zip(v.tolist(), p1.tolist(), p2.tolist())), cur.filter_low,
+                                        cur.filter_high)
     elif cur.phase1_filter == "orm" and orm_ref is not None:
         how = "orm"
         pages = start_page_html(settings, cands)
         scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
         p = scorer.p_yes([build_orm_prompt(t["intent"], [], pages.get(t["start_url"], ""), settings.orm.max_html_chars)
                           for t in cands])
-        kept, dropped = filter_by_value(cands, [(x, x, x) for x in p], cc.filter_low, cc.filter_high)
+        kept, dropped = filter_by_value(cands, [(x, x, x) for x in p], cur.filter_low, cur.filter_high)
     else:
         how = "skip (no trained critic in phase 1)"
         kept, dropped = list(cands), []
     n_passed = len(kept)
-    kept = top_up(kept, dropped, math.ceil(cur.min_kept_fraction * cur.tasks_per_phase), cc.filter_low, cc.filter_high)
+    kept = top_up(kept, dropped, math.ceil(cur.min_kept_fraction * cur.tasks_per_phase), cur.filter_low,
+                  cur.filter_high)
     rng = random.Random(settings.run.seed * 31 + phase)
     rng.shuffle(kept)
     kept = sorted(kept[: cur.tasks_per_phase], key=lambda t: t["task_id"])

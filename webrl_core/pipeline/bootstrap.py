@@ -41,7 +41,7 @@ def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
     return ArtifactRef.of(real, "model")
 
 
-@stage("run", "models", "bootstrap", "training")
+@stage("run", "models", "bootstrap", "actor", "training")  # actor: batch sizes of the model it trains
 def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
     """Create the embedded model and fine-tune it on successful oracle demonstrations (completion-only loss)."""
     eps, by_ep = TrajectoryStore(run_dir).finished_episodes(demos["episode_ids"])

@@ -199,6 +199,16 @@ class OrmConfig(Section):
     eval_fraction: float = Field(0.2, ge=0, lt=1, description="held-out share for ORM accuracy/precision/recall")
 
 
+class RewardConfig(Section):
+    """Where a phase's episodes get their outcome label (the reward every step of the episode receives)."""
+
+    source: Literal["orm", "env"] = Field(
+        "orm", description="orm: the outcome reward model, success iff P(YES) >= orm.threshold (official code, "
+        "what a real WebArena run without evaluators for generated tasks can use); env: the sites' own evaluators, "
+        "the environment's reward function of the paper's Algorithm 1 (every embedded task has one). The ORM "
+        "scores the episodes either way, so its accuracy against the evaluators is reported")
+
+
 class CriticConfig(Section):
     lr: float = Field(3e-4, gt=0, description="critic learning rate (1e-6 for 8B models in the paper)")
     epochs: float = Field(1.0, gt=0, description="critic epochs per phase (paper: 1)")
@@ -382,6 +392,7 @@ class WebRLSettings(Section):
     models: ModelsConfig = Field(default_factory=ModelsConfig, description="model folders and sizes")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="how actions are generated")
     orm: OrmConfig = Field(default_factory=OrmConfig, description="outcome reward model")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="where episode outcome labels come from (ORM or the sites' evaluators)")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="critic training")
     transitions: TransitionsConfig = Field(default_factory=TransitionsConfig,
                                            description="step samples (and their MC returns) from episodes")

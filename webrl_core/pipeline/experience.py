@@ -99,26 +99,30 @@ def label_with_env(run_dir: str, rollouts: dict) -> dict:
     return {"n": len(eps), "success_rate": n_ok / max(1, len(eps))}
 
 
-@stage("models", "orm")
+@stage("models", "orm", "reward")
 def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: ArtifactRef) -> dict:
-    """ORM P(YES) for every episode; success iff P(YES) >= threshold. Agreement with the sites' evaluators."""
+    """Label the phase's episodes: ``reward.source: orm`` success iff the ORM's P(YES) >= ``orm.threshold``
+    (paper Sec. 3.2); ``env``: the sites' evaluators. The ORM scores every episode in both cases, and its
+    agreement with the evaluators (accuracy, precision and recall of YES) is reported."""
     store = TrajectoryStore(run_dir)
     eps, by_ep = store.finished_episodes(rollouts["episode_ids"])
     eps = [e for e in eps if by_ep.get(e["episode_id"])]
     scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
     p = scorer.p_yes([orm_prompt_for_episode(e, by_ep[e["episode_id"]], settings.orm.max_html_chars) for e in eps])
     thr = settings.orm.threshold
-    store.update_episodes([{"episode_id": e["episode_id"], "orm_score": float(x), "success": bool(x >= thr)}
-                           for e, x in zip(eps, p)])
+    truth = [is_success(e.get("env_score")) for e in eps]
+    pred = [bool(x >= thr) for x in p]
+    label = truth if settings.reward.source == "env" else pred
+    store.update_episodes([{"episode_id": e["episode_id"], "orm_score": float(x), "success": y}
+                           for e, x, y in zip(eps, p, label)])
     store.write_scores([{"kind": "orm_p_yes", "episode_id": e["episode_id"], "phase": phase, "value": float(x),
                          "model_id": orm_ref.sha256[:12]} for e, x in zip(eps, p)])
-    truth = [is_success(e.get("env_score")) for e in eps]
-    pred = [x >= thr for x in p]
     tp = sum(a and b for a, b in zip(pred, truth))
     fp = sum(a and not b for a, b in zip(pred, truth))
     fn = sum(b and not a for a, b in zip(pred, truth))
     n = len(eps)
-    return {"episodes": n, "orm_success_rate": sum(pred) / max(1, n), "env_success_rate": sum(truth) / max(1, n),
+    return {"episodes": n, "reward_source": settings.reward.source, "labelled_success_rate": sum(label) / max(1, n),
+            "orm_success_rate": sum(pred) / max(1, n), "env_success_rate": sum(truth) / max(1, n),
             "orm_accuracy": sum(a == b for a, b in zip(pred, truth)) / max(1, n),
             "orm_precision": tp / max(1, tp + fp), "orm_recall": tp / max(1, tp + fn)}
 

@@ -94,5 +94,4 @@ def stage(*sections: str) -> Callable[[Callable], Callable]:
 
 def config_for(settings: WebRLSettings, stage_fn: Callable) -> dict:
     """The sections ``stage_fn`` declares, as plain JSON (a Prefect task's cache input)."""
-    full = settings.model_dump(mode="json")
-    return {k: full[k] for k in stage_fn.config_sections}
+    return scope(settings, stage_fn.config_sections, stage_fn.__name__).model_dump(mode="json")

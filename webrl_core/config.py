@@ -45,6 +45,8 @@ RENAMED: dict[str, str] = {
     "actor.sft_lr": "bootstrap.sft_lr",
     "actor.sft_epochs": "bootstrap.sft_epochs",
     "actor.sft_loss": "bootstrap.sft_loss",
+    "eval.fuzzy_judge_url": "eval.judge",
+    "eval.fuzzy_judge_model": "eval.judge_model",
 }
 """Old dotted field name -> new one. The old names are accepted, with a deprecation warning, until the next
 release; then this table goes."""
@@ -86,7 +88,12 @@ class SitesConfig(Section):
     workers: Literal["process", "thread"] = Field(
         "process", description="serve the embedded sites from a child process (no GIL contention with the rollout) "
         "or a thread of the rollout process")
-    auth_dir: str = Field(".auth", description="folder with <site>_state.json storage states for real WebArena")
+    auth_dir: str = Field(".auth", description="folder with <site>_state.json storage states for real WebArena "
+                          "(`webrl webarena login` writes them)")
+    reset_command: str | None = Field(
+        None, description="shell command run before every task with require_reset (real WebArena: restore the "
+        "sites it changes); {sites} is replaced by the task's sites, comma-separated, {task_id} by its id. Empty: "
+        "such tasks run on the sites as they are, with a warning")
 
     @field_validator("urls")
     @classmethod
@@ -138,7 +145,11 @@ class EnvConfig(Section):
 
 class PromptConfig(Section):
     style: Literal["completion", "chat"] = Field(
-        "completion", description="completion: WebRL raw prompt; chat: messages for instruction-tuned models")
+        "completion", description="completion: WebRL raw prompt; chat: messages through the tokenizer's chat "
+        "template (instruction-tuned models)")
+    compat: Literal["webrl", "official"] = Field(
+        "webrl", description="webrl: our wording of the official format (models we train); official: the exact "
+        "input strings the released WebRL actor and ORM checkpoints were trained on, so they can be dropped in")
 
 
 class LoraConfig(Section):
@@ -174,6 +185,56 @@ class ModelsConfig(Section):
     @classmethod
     def _exists(cls, v: str | None, info) -> str | None:
         return _existing_path(v, f"models.{info.field_name}")
+
+
+SERVING_COMMANDS: dict[str, str] = {
+    "webrl": "{python} -m webrl_core.serve_hf --model {model} --host {host} --port {port} "
+             "--served-model-name {served_model_name} --dtype {dtype} --device {device}",
+    "vllm": "{python} -m vllm.entrypoints.openai.api_server --model {model} --host {host} --port {port} "
+            "--served-model-name {served_model_name} --dtype {dtype} --max-model-len {max_length} --seed {seed}",
+    "sglang": "{python} -m sglang.launch_server --model-path {model} --host {host} --port {port} "
+              "--served-model-name {served_model_name} --dtype {dtype} --context-length {max_length} "
+              "--random-seed {seed}",
+}
+"""Default command template of each serving engine (``serving.command`` overrides it). Placeholders: python, model,
+host, port, served_model_name, dtype, device, max_length, seed. vLLM: ``vllm serve``'s OpenAI server module;
+SGLang: ``sglang.launch_server``; webrl: the project's own HF server (``webrl_core.serve_hf``)."""
+
+
+class ServingConfig(Section):
+    """How ``policy.backend: openai`` gets its endpoint: a server the rollout and evaluation stages start for the
+    actor they need and stop afterwards (``webrl_core.serving``), or one managed by the user (``external``)."""
+
+    engine: Literal["webrl", "vllm", "sglang", "external"] = Field(
+        "webrl", description="webrl: the project's HF server (CPU default); vllm / sglang: that engine, started "
+        "from serving.command with serving.python; external: policy.base_url as it is, which must report the "
+        "expected checkpoint (its path as `root` or its digest as `webrl_digest`) or the stage fails")
+    command: str | None = Field(
+        None, description="command template that starts the engine (placeholders {python} {model} {host} {port} "
+        "{served_model_name} {dtype} {device} {max_length} {seed}); empty: the engine's default (SERVING_COMMANDS)")
+    python: str | None = Field(
+        None, description="interpreter of the engine, e.g. .venv-vllm/bin/python (infra/setup_vllm.sh); empty: the "
+        "flow's own")
+    host: str = Field("127.0.0.1", description="interface the served actor binds to")
+    port: int = Field(0, ge=0, description="port of the served actor; 0 picks a free one")
+    served_model_name: str = Field("webrl-actor", description="model name the engine serves the actor under")
+    startup_timeout_s: float = Field(900.0, gt=0, description="seconds to wait for the engine's /v1/models")
+    extra_args: list[str] = Field(default_factory=list, description="more arguments appended to the command, e.g. "
+                                  "[--tensor-parallel-size, '2', --gpu-memory-utilization, '0.85']")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of the engine "
+                                "(e.g. CUDA_VISIBLE_DEVICES, VLLM_CPU_KVCACHE_SPACE)")
+
+    @field_validator("python")
+    @classmethod
+    def _python_exists(cls, v: str | None) -> str | None:
+        return _existing_path(v, "serving.python")
+
+    @field_validator("host")
+    @classmethod
+    def _loopback(cls, v: str) -> str:
+        if v not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(f"host {v!r} is not loopback; allowed: '127.0.0.1', 'localhost', '::1'")
+        return v
 
 
 class PolicyConfig(Section):
@@ -274,6 +335,10 @@ class CurriculumConfig(Section):
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the generator")
     model_name: str = Field("gpt-4o-2024-05-13", description="generator model name")
     hf_model: str | None = Field(None, description="local HF model folder for generator=hf")
+    seed_tasks: str | None = Field(
+        None, description="WebArena-Lite-format task file (JSON list of task configs) the phase-0 actor rolls out: "
+        "its failures seed phase 1's task generation (needed when bootstrap.sft_actor or bootstrap.sft_data is set, "
+        "since no embedded bootstrap rollouts exist then)")
     api_key_env: str = Field("OPENAI_API_KEY", description="env var holding the generator endpoint's API key")
     filter_low: float = Field(0.05, ge=0, le=1, description="keep generated tasks whose critic value is >= this")
     filter_high: float = Field(0.75, ge=0, le=1, description="... and <= this")
@@ -286,11 +351,21 @@ class CurriculumConfig(Section):
     review_default: Literal["approve", "drop"] = Field("approve", description="decision when the review times out")
 
 
+    @field_validator("seed_tasks")
+    @classmethod
+    def _seed_file(cls, v: str | None) -> str | None:
+        return _existing_path(v, "curriculum.seed_tasks")
+
+
 class BootstrapConfig(Section):
     demo_tasks: int = Field(400, ge=1, description="training tasks the oracle demonstrates (embedded SFT data)")
     rollout_tasks: int = Field(120, ge=1, description="training tasks the SFT actor rolls out (ORM data, first failures)")
     random_tasks: int = Field(40, ge=0, description="training tasks a random policy rolls out (ORM negatives)")
     sft_actor: str | None = Field(None, description="existing SFT actor HF folder (real models): skips oracle SFT")
+    sft_data: str | None = Field(
+        None, description="demonstrations to fine-tune models.actor on in phase 0: a LLaMA-Factory ShareGPT JSON "
+        "(`conversations`: human = the full WebRL prompt, gpt = the action; the official SFT format) or a folder of "
+        "VAB `traces/*.jsonl`")
     sft_lr: float = Field(1e-3, gt=0, description="LR of the bootstrap SFT of the embedded actor")
     sft_epochs: float = Field(8.0, gt=0, description="epochs of the bootstrap SFT")
     sft_loss: Literal["completion", "all"] = Field(
@@ -298,17 +373,21 @@ class BootstrapConfig(Section):
         "(a from-scratch model learns the page format and copying from it much faster)")
     n_shards: int = Field(2, ge=1, description="rollout shards mapped as separate Prefect tasks")
 
-    @field_validator("sft_actor")
+    @field_validator("sft_actor", "sft_data")
     @classmethod
-    def _exists(cls, v: str | None) -> str | None:
-        return _existing_path(v, "bootstrap.sft_actor")
+    def _exists(cls, v: str | None, info) -> str | None:
+        return _existing_path(v, f"bootstrap.{info.field_name}")
 
 
 class EvalConfig(Section):
     test_set: str = Field("embedded", description="'embedded' (held-out test set) or a WebArena-Lite raw JSON path")
     max_tasks: int | None = Field(None, ge=1, description="evaluate only the first N test tasks (smoke runs)")
-    fuzzy_judge_url: str | None = Field(None, description="OpenAI-compatible endpoint for fuzzy_match; empty: exact fallback")
-    fuzzy_judge_model: str = Field("gpt-4-1106-preview", description="model of the fuzzy_match judge")
+    judge: str | None = Field(
+        None, description="OpenAI-compatible endpoint of the LLM judge that scores fuzzy_match and the N/A reason "
+        "check (VAB's llm_fuzzy_match / llm_ua_match); empty: tasks that need it are reported unscored; 'none': "
+        "score them by the deterministic fallback, and the summary says so")
+    judge_model: str = Field("gpt-4-1106-preview", description="model of the LLM judge (VAB: gpt-4-1106-preview)")
+    judge_api_key_env: str = Field("OPENAI_API_KEY", description="env var holding the judge endpoint's API key")
 
 
 class TrackingConfig(Section):
@@ -391,6 +470,8 @@ class WebRLSettings(Section):
     prompt: PromptConfig = Field(default_factory=PromptConfig, description="prompt format")
     models: ModelsConfig = Field(default_factory=ModelsConfig, description="model folders and sizes")
     policy: PolicyConfig = Field(default_factory=PolicyConfig, description="how actions are generated")
+    serving: ServingConfig = Field(default_factory=ServingConfig, description="the server that serves each phase's "
+                                   "actor for policy.backend=openai (vLLM, SGLang, the project's own, or external)")
     orm: OrmConfig = Field(default_factory=OrmConfig, description="outcome reward model")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="where episode outcome labels come from (ORM or the sites' evaluators)")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="critic training")

@@ -324,9 +324,9 @@ class LLMJudge:
 
     @classmethod
     def from_config(cls, cfg) -> "LLMJudge | None":
-        """From a WebRLSettings (eval.fuzzy_judge_url/model); None when no judge URL is configured."""
-        url = cfg.eval.fuzzy_judge_url
-        return cls(url, model=cfg.eval.fuzzy_judge_model) if url else None
+        """From a WebRLSettings (eval.judge/judge_model); None when no judge URL is configured."""
+        url = cfg.eval.judge
+        return cls(url, model=cfg.eval.judge_model) if url and url != "none" else None
 
     async def complete(self, prompt: str) -> str:
         import openai  # ~0.5 s to import: only a configured judge needs it, and task-file tools import this module

@@ -79,7 +79,8 @@ def test_webarena_env_vars_override_urls():
 def test_renamed_fields_still_work_with_a_warning(tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text("critic: {filter_low: 0.1, filter_high: 0.6}\nactor: {gamma: 0.8, sft_lr: 0.01, sft_epochs: 3, "
-                   "sft_loss: all, lr: 0.002}\n")
+                   "sft_loss: all, lr: 0.002}\n"
+                   "eval: {fuzzy_judge_url: 'http://127.0.0.1:9/v1', fuzzy_judge_model: judge-m}\n")
     with pytest.warns(DeprecationWarning) as caught:
         cfg = load_config(old, sets=["critic.filter_high=0.7"])
     said = " ".join(str(w.message) for w in caught)
@@ -87,6 +88,7 @@ def test_renamed_fields_still_work_with_a_warning(tmp_path):
         assert f"'{name}' is deprecated, use '{new}'" in said, name
     assert (cfg.curriculum.filter_low, cfg.curriculum.filter_high, cfg.transitions.gamma) == (0.1, 0.7, 0.8)
     assert (cfg.bootstrap.sft_lr, cfg.bootstrap.sft_epochs, cfg.bootstrap.sft_loss) == (0.01, 3.0, "all")
+    assert (cfg.eval.judge, cfg.eval.judge_model) == ("http://127.0.0.1:9/v1", "judge-m")
     assert cfg.actor.lr == 0.002 and "gamma" not in cfg.actor.model_dump() and "filter_low" not in cfg.critic.model_dump()
     # the model itself maps them too (settings built from a dict)
     with pytest.warns(DeprecationWarning, match="'actor.sft_epochs' is deprecated, use 'bootstrap.sft_epochs'"):

@@ -23,7 +23,7 @@ import random
 from collections.abc import Iterable
 from pathlib import Path
 
-from webrl_core.prompts import HTML_PLACEHOLDER, build_prompt
+from webrl_core.prompts import HTML_PLACEHOLDER, build_prompt, check_compat
 
 OFFICIAL_STEP_KEYS = ("observation", "next_observation", "task", "reward", "done", "action", "trajectory_reward")
 
@@ -125,15 +125,17 @@ def export_official(trajectories, path: str | Path, gamma: float = 0.9, seed: in
 
 
 def import_vab_traces(traces_dir: str | Path, phase: int = 0, policy_id: str = "vab",
-                      purpose: str = "rollout") -> list[tuple[dict, list[dict]]]:
+                      purpose: str = "rollout", *, compat: str = "webrl") -> list[tuple[dict, list[dict]]]:
     """Read VAB ``traces/<id>.jsonl`` (+ ``../actions/<id>.json`` scores) into (episode, steps) pairs.
 
     Each jsonl line: trace_id, index, prompt (intent at step 0, the HTML placeholder later), html (the page
     before the action), response, target (intent); ``fixed_traces`` lines may also carry ``score``. The full
-    prompt of each step is rebuilt with :func:`build_prompt` (the official ``format_prompt``). The score comes
+    prompt of each step is rebuilt with :func:`build_prompt` in the prompt format ``compat`` ("webrl" or "official":
+    the official ``format_prompt`` byte for byte, see ``webrl_core.prompts``). The score comes
     from ``actions/<id>.json`` (``score``), else from a per-step ``score``; env_score >= 0.5 -> success.
     Steps' ``action`` is left as JSON ``null`` (VAB stores only the raw response).
     """
+    check_compat(compat)
     traces_dir = Path(traces_dir)
     if not traces_dir.is_dir():
         raise FileNotFoundError(f"VAB traces folder not found: {traces_dir}")
@@ -179,7 +181,7 @@ def import_vab_traces(traces_dir: str | Path, phase: int = 0, policy_id: str = "
         steps = []
         for i, rec in enumerate(lines):
             steps.append({
-                "episode_id": episode_id, "idx": i, "prompt": build_prompt(intent, past, rec["html"]),
+                "episode_id": episode_id, "idx": i, "prompt": build_prompt(intent, past, rec["html"], compat=compat),
                 "html": rec["html"], "response": rec["response"], "action": "null", "url": rec.get("url"),
                 "reward": 0.0, "done": i == len(lines) - 1, "mc_return": None,
                 "policy_s": None, "action_s": None, "obs_s": None, "error": None,

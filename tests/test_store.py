@@ -128,3 +128,16 @@ def test_replay_candidates_follow_the_lineage(tmp_path):
     got = {r["episode_id"] for r in st.successful_steps(before_phase=2, lineage=["0|oracle", "1|hf:sft"])}
     assert got == {"demo", "cur", "vab"}  # the stale branch's episode of phase 1 is not replayed
     assert {r["episode_id"] for r in st.successful_steps(before_phase=2)} == {"demo", "cur", "stale", "vab"}
+
+
+def test_unscored_episodes_are_counted_apart(tmp_path):
+    # unscored: ran to the end, no env score and no label (its task needed an LLM judge; eval.judge was empty)
+    st = TrajectoryStore(tmp_path)
+    rows = [("ok", "done", 1.0, True), ("bad", "max_steps", 0.0, False), ("fz", "done", None, None),
+            ("err", "error", None, None)]
+    st.write_episodes([(dict(_episode(eid, 1, success, purpose="eval")[0], status=status, env_score=score), [])
+                       for eid, status, score, success in rows])
+    [r] = st.success_rate(phase=1)
+    assert (r["n"], r["successes"], r["failures"], r["unscored"], r["errors"], r["rate"]) == (4, 1, 1, 1, 1, 0.5)
+    [by] = st.stats()["by_phase"]
+    assert (by["unscored"], by["errors"], by["success_rate"]) == (1, 1, 0.5)

@@ -2,7 +2,9 @@
 plots (success per site across phases, losses, curriculum funnel), and their publication to MLflow.
 
 Inputs are files the stages wrote: ``eval/phase=k.json`` (per-site counts) and ``reports/phase=k.json``
-(the phase's metrics). Success rate per site = successes / episodes on the held-out test set.
+(the phase's metrics). Success rate per site = solved / (solved + failed) episodes on the held-out test set;
+errored and unscored episodes (a task that needs the LLM judge, and ``eval.judge`` was empty) are counted apart,
+and the summaries say how many, and when the deterministic fallback scored fuzzy tasks (``eval.judge: none``).
 """
 
 from __future__ import annotations
@@ -20,29 +22,34 @@ def _phases(run_dir: str | Path, kind: str) -> list[tuple[int, dict]]:
     return out
 
 
-def _counts(v: dict) -> tuple[int, int, int]:
-    """(solved, failed, errored) of an eval entry (files of earlier versions had no 'failed')."""
-    errors = int(v.get("errors", 0))
-    failed = int(v["failed"]) if "failed" in v else int(v["n"]) - int(v["success"]) - errors
-    return int(v["success"]), failed, errors
+def _counts(v: dict) -> tuple[int, int, int, int]:
+    """(solved, failed, unscored, errored) of an eval entry (files of earlier versions had no 'failed' and no
+    'unscored')."""
+    errors, unscored = int(v.get("errors", 0)), int(v.get("unscored", 0))
+    failed = int(v["failed"]) if "failed" in v else int(v["n"]) - int(v["success"]) - errors - unscored
+    return int(v["success"]), failed, unscored, errors
 
 
 def _row(label: str, phase: int, ev: dict) -> dict:
     row = {"phase": phase, "label": label, "policy_digest": ev.get("policy_digest")}
     for site in SITES:
         v = ev["sites"].get(site)
-        ok, bad, _ = _counts(v) if v else (0, 0, 0)
+        ok, bad, _, _ = _counts(v) if v else (0, 0, 0, 0)
         row[site] = ok / (ok + bad) if ok + bad else None
-    row["solved"], row["failed"], row["errored"] = _counts(ev["total"])
+    row["solved"], row["failed"], row["unscored"], row["errored"] = _counts(ev["total"])
     row["avg"] = row["solved"] / max(1, row["solved"] + row["failed"])
     row["n"] = ev["total"]["n"]
+    row["judge"] = ev.get("judge")
+    row["judge_fallback"] = int(ev.get("judge_fallback", 0))
     return row
 
 
 def results_table(run_dir: str | Path) -> list[dict]:
-    """[{phase, label, policy_digest, <site>: rate, avg, solved, failed, errored, n}] from the evaluations of a
-    run: one row per phase (``eval/phase=k.json``) and per separately evaluated checkpoint
-    (``eval/model=<digest>.json``). Rates are solved / scored; errored episodes are counted apart."""
+    """[{phase, label, policy_digest, <site>: rate, avg, solved, failed, unscored, errored, n, judge,
+    judge_fallback}] from the evaluations of a run: one row per phase (``eval/phase=k.json``) and per separately
+    evaluated checkpoint (``eval/model=<digest>.json``). Rates are solved / (solved + failed); errored and unscored
+    episodes are counted apart. ``judge``: what scored fuzzy_match and the N/A reason check (``eval.judge``);
+    ``judge_fallback``: episodes the deterministic fallback scored (``eval.judge: none``)."""
     rows = [_row("SFT (bootstrap)" if phase == 0 else f"WebRL phase {phase}", phase, ev)
             for phase, ev in _phases(run_dir, "eval")]
     for p in sorted((Path(run_dir) / "eval").glob("model=*.json")):
@@ -52,14 +59,36 @@ def results_table(run_dir: str | Path) -> list[dict]:
     return rows
 
 
+def judge_notes(row: dict) -> list[str]:
+    """What a reader of a results row must know about how its fuzzy tasks were scored (``eval.judge``)."""
+    out = []
+    if row.get("unscored"):
+        out.append(f"{row['unscored']} test episode(s) were unscored because no LLM judge is configured "
+                   f"(eval.judge was empty when they were scored) and their tasks need one (fuzzy_match or the N/A "
+                   f"reason check); set eval.judge to an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1), "
+                   f"or eval.judge: none to score them with the deterministic fallback. They are counted apart, not "
+                   f"as failures.")
+    if row.get("judge_fallback"):
+        out.append(f"{row['judge_fallback']} test episode(s) of fuzzy tasks were scored by the deterministic fallback, "
+                   f"not an LLM judge, because eval.judge is none; their scores are not comparable with VAB's "
+                   f"(set eval.judge to an OpenAI-compatible endpoint for VAB's judge).")
+    return out
+
+
 def markdown_table(rows: list[dict]) -> str:
-    head = "| model | " + " | ".join(SITE_TITLES[s] for s in SITES) + " | Avg | solved / failed / errored |"
+    head = "| model | " + " | ".join(SITE_TITLES[s] for s in SITES) + " | Avg | solved / failed / unscored / errored |"
     lines = [head, "|" + "---|" * (len(SITES) + 3)]
     for r in rows:
         cells = [f"{100 * r[s]:.1f}" if r[s] is not None else "-" for s in SITES]
         lines.append(f"| {r['label']} | " + " | ".join(cells) + f" | {100 * r['avg']:.1f} | "
-                     f"{r['solved']} / {r['failed']} / {r['errored']} |")
+                     f"{r['solved']} / {r['failed']} / {r.get('unscored', 0)} / {r['errored']} |")
     return "\n".join(lines)
+
+
+def notes_markdown(rows: list[dict]) -> str:
+    """The rows' ``judge_notes`` as a markdown list ("" when there are none)."""
+    notes = [f"- **{r['label']}**: {n}" for r in rows for n in judge_notes(r)]
+    return ("\n" + "\n".join(notes) + "\n") if notes else ""
 
 
 def plot_success(run_dir: str | Path) -> Path | None:
@@ -136,7 +165,8 @@ def plot_funnel_and_losses(run_dir: str | Path) -> list[Path]:
 def write_summary(run_dir: str | Path) -> Path:
     rows = results_table(run_dir)
     out = Path(run_dir) / "summary.md"
-    out.write_text("# WebRL run summary\n\nTest-set success rate (%) per site:\n\n" + markdown_table(rows) + "\n")
+    out.write_text("# WebRL run summary\n\nTest-set success rate (%) per site (solved / (solved + failed)):\n\n"
+                   + markdown_table(rows) + "\n" + notes_markdown(rows))
     return out
 
 
@@ -164,26 +194,32 @@ def publish_phase(run_dir: str | Path, phase: int, metrics: dict, actor_ref=None
     warnings = phase_warnings(metrics)
     for w in warnings:
         print(f"WARNING phase {phase}: {w}")
+    rows = results_table(run_dir)
     md = (f"# WebRL phase {phase}\n\n" + "".join(f"> **WARNING**: {w}\n>\n" for w in warnings)
-          + markdown_table(results_table(run_dir)) + "\n\n"
+          + markdown_table(rows) + "\n" + notes_markdown(rows) + "\n"
           + "\n".join(f"- **{k}**: {v:.4g}" if isinstance(v, float) else f"- **{k}**: {v}" for k, v in
                       sorted(metrics.items())) + (f"\n\nTrajectory viewer: `{viewer}`\n" if viewer else ""))
     return md
 
 
 def phase_warnings(metrics: dict) -> list[str]:
-    """What a reader of a phase summary must not miss: models carried over untrained, no new tasks, errors."""
+    """What a reader of a phase summary must not miss: no new tasks, errors, unscored episodes."""
     out = []
-    for model in ("critic", "actor"):
-        if metrics.get(f"{model}_skipped"):
-            out.append(f"the {model} was NOT trained: 0 usable samples (no labelled transitions and no replay); "
-                       f"the previous {model} was carried over unchanged")
+    if metrics.get("unscored"):
+        out.append(f"{int(metrics['unscored'])} rollout episode(s) unscored (their task needs the LLM judge, "
+                   f"eval.judge is empty): left out of training and of the ORM's agreement")
     if metrics.get("rollout_episodes") == 0:
         out.append("no rollouts: the curriculum produced no tasks for this phase")
     if metrics.get("rollout_errors"):
         out.append(f"{int(metrics['rollout_errors'])} rollout episode(s) errored (stored with their errors)")
     if metrics.get("test_errored"):
         out.append(f"{int(metrics['test_errored'])} test episode(s) errored; they are not counted as failures")
+    if metrics.get("test_unscored"):
+        out.append(f"{int(metrics['test_unscored'])} test episode(s) were unscored because no LLM judge is configured "
+                   f"(eval.judge); they are not counted as failures")
+    if metrics.get("test_judge_fallback"):
+        out.append(f"{int(metrics['test_judge_fallback'])} fuzzy test episode(s) were scored by the deterministic "
+                   f"fallback, not an LLM judge, because eval.judge is none")
     return out
 
 

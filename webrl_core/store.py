@@ -71,7 +71,8 @@ COLUMN_DOCS = {
     "tasks": "task_id, phase that created it, first site, sites (JSON list), intent, start_url (placeholders), eval spec "
              "JSON, origin seed|generated|test|train, parent task id (generation), family (embedded), full config JSON",
     "episodes": "episode id, task id, phase, policy/model id, purpose rollout|eval|oracle|bootstrap, status "
-                "done|early_stop|max_steps|error, final answer, env score, ORM score, success, step count, timings, error, "
+                "done|early_stop|max_steps|error, final answer, env score (empty after an error, or unscored: the task needed an "
+                "LLM judge and eval.judge was empty), ORM score, success, step count, timings, error, "
                 "intent, site, seed, task content digest, policy identity (hf:<checkpoint sha256>, openai:<model>@<served "
                 "digest>, oracle, random:s<seed>), sampling+environment settings digest, node (host) that ran it",
     "steps": "episode id, step index, prompt given to the policy, observation html before the action, raw response, "
@@ -421,12 +422,16 @@ class TrajectoryStore:
     def success_rate(self, phase: int | None = None, purpose: str = "eval", policy_digest: str | None = None
                      ) -> list[dict]:
         """Per-site outcome counts per phase and policy: [{phase, policy_digest, site, n, successes, failures,
-        errors, rate}]; ``rate`` = successes / scored episodes (errors are counted apart, never as failures)."""
+        unscored, errors, rate}]; ``rate`` = successes / (successes + failures): errored episodes and unscored ones
+        (no env score and no label: the task needed an LLM judge and none was configured) are counted apart."""
         q = """SELECT phase, policy_digest, site, count(*) AS n,
                       count(*) FILTER (WHERE status <> 'error' AND success) AS successes,
-                      count(*) FILTER (WHERE status <> 'error' AND NOT coalesce(success, false)) AS failures,
+                      count(*) FILTER (WHERE status <> 'error' AND NOT coalesce(success, false)
+                                       AND (success IS NOT NULL OR env_score IS NOT NULL)) AS failures,
+                      count(*) FILTER (WHERE status <> 'error' AND success IS NULL AND env_score IS NULL) AS unscored,
                       count(*) FILTER (WHERE status = 'error') AS errors,
-                      avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) FILTER (WHERE status <> 'error') AS rate
+                      avg(CASE WHEN success THEN 1.0 ELSE 0.0 END)
+                          FILTER (WHERE status <> 'error' AND (success IS NOT NULL OR env_score IS NOT NULL)) AS rate
                FROM episodes WHERE purpose = $purpose"""
         p: dict[str, Any] = {"purpose": purpose}
         if phase is not None:
@@ -446,7 +451,10 @@ class TrajectoryStore:
         for name in SCHEMAS:
             out[name] = self.sql(f"SELECT count(*) AS n FROM {name}")[0]["n"]
         out["by_phase"] = self.sql("""SELECT phase, purpose, policy_digest, count(*) AS episodes, sum(n_steps) AS steps,
-                   avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) FILTER (WHERE status <> 'error') AS success_rate,
+                   avg(CASE WHEN success THEN 1.0 ELSE 0.0 END)
+                       FILTER (WHERE status <> 'error' AND (success IS NOT NULL OR env_score IS NOT NULL)) AS success_rate,
+                   sum(CASE WHEN status <> 'error' AND success IS NULL AND env_score IS NULL THEN 1 ELSE 0 END)
+                       AS unscored,
                    sum(CASE WHEN status = 'error' THEN 1 ELSE 0 END) AS errors
                    FROM episodes GROUP BY ALL ORDER BY phase, purpose, policy_digest""")
         return out

@@ -44,3 +44,15 @@ def test_error_record_has_no_final_page():
     rec = ep.to_record()
     assert list(rec) == ERROR_KEYS
     assert rec["status"] == "error" and rec["env_score"] is None and rec["error"].startswith("crash")
+
+
+def test_outcome_counts_errors_and_unscored_apart():
+    from webrl_core.env.episode import OUTCOMES, outcome
+
+    assert outcome("error", None) == "error"
+    assert outcome("done", None) == "unscored"  # the task needed an LLM judge and none was configured
+    assert outcome("done", 1.0) == "success" and outcome("early_stop", 0.0) == "failed"
+    assert outcome("max_steps", 1.0) == "success" and set(OUTCOMES) == {"success", "failed", "unscored", "error"}
+    ep = Episode(**IDENTITY, status="done", final_answer="4.2 km", env_score=None, final_page=None, orm_score=None,
+                 success=None, **COST, error=None, retries=0, steps=[])
+    assert outcome(ep.status, ep.env_score) == "unscored" and ep.columns()["env_score"] is None

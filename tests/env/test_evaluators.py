@@ -131,11 +131,17 @@ def test_call_helper_binds_last_url_and_rejects_unknown_names():
 
 
 # ---------------------------------------------------------------------------------------------
-# a real OpenAI-compatible judge on 127.0.0.1 (deterministic rules over the prompt it receives)
+# a real OpenAI-compatible judge on 127.0.0.1 (deterministic rules over VAB's prompts it receives)
 
-class _JudgeHandler(BaseHTTPRequestHandler):
+class JudgeHandler(BaseHTTPRequestHandler):
+    """``/v1/chat/completions`` answering VAB's two prompts by fixed rules: fuzzy_match -> "Correct." when every
+    reference part is in the student answer, "Partially correct." when some are, "Incorrect." when none;
+    ua_match -> "same" when the reported reason holds half of the actual reason's words, else "different".
+    ``reply`` (class attribute) overrides the answer; ``fail`` answers 500."""
+
     requests: list = []
     fail = False
+    reply: str | None = None
 
     def log_message(self, *a):
         pass
@@ -148,17 +154,19 @@ class _JudgeHandler(BaseHTTPRequestHandler):
             self.end_headers()
             return
         prompt = body["messages"][-1]["content"]
-        ref = re.search(r"Reference answer: (.*)", prompt)
-        if ref:  # fuzzy: all reference parts in the prediction -> correct, some -> partially, none -> incorrect
-            pred = re.search(r"Predicted answer: (.*)", prompt).group(1).lower()
+        ref = re.search(r"^reference answer: (.*)$", prompt, re.M)
+        if type(self).reply is not None:
+            reply = type(self).reply
+        elif ref:
+            pred = re.search(r"^student answer: (.*)$", prompt, re.M).group(1).lower()
             parts = [p.strip().lower() for p in ref.group(1).split(",")]
             hits = sum(p in pred for p in parts)
             reply = "Correct." if hits == len(parts) else "Partially correct." if hits else "Incorrect."
-        else:  # ua: the reported reason shares at least half of the actual reason's words -> same
-            actual = set(re.search(r"Actual reason.*?: (.*)", prompt).group(1).lower().split())
-            told = set(re.search(r"Reason reported by the agent: (.*)", prompt).group(1).lower().split())
+        else:
+            actual = set(re.search(r"^actual unachievable reason: (.*)$", prompt, re.M).group(1).lower().split())
+            told = set(re.search(r"^reported unachievable reason: (.*)$", prompt, re.M).group(1).lower().split())
             reply = "same" if len(actual & told) * 2 >= len(actual) else "different"
-        out = json.dumps({"id": "x", "object": "chat.completion", "model": body["model"],
+        out = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
                           "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
                                        "finish_reason": "stop"}]}).encode()
         self.send_response(200)
@@ -170,73 +178,170 @@ class _JudgeHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def judge_url():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _JudgeHandler)
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), JudgeHandler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
     srv.shutdown()
+    srv.server_close()
 
 
 @pytest.fixture
 def judge(judge_url, monkeypatch):
     monkeypatch.setenv("WEBRL_TEST_JUDGE_KEY", "sk-test")
-    _JudgeHandler.requests.clear()
-    _JudgeHandler.fail = False
+    JudgeHandler.requests.clear()
+    JudgeHandler.fail = False
+    JudgeHandler.reply = None
     return ev.LLMJudge(judge_url, model="judge-mini", api_key_env="WEBRL_TEST_JUDGE_KEY", retries=0)
 
 
 def _fuzzy_task(value, note=""):
-    return {"intent": "How far by bike?", "eval": {"reference_answers": {"fuzzy_match": value}, "string_note": note}}
+    return {"intent": "How far by bike?", "eval": {"eval_types": ["string_match"],
+                                                   "reference_answers": {"fuzzy_match": value}, "string_note": note}}
 
 
-def test_fuzzy_match_through_the_judge(judge):
+def test_fuzzy_match_through_the_judge_sends_vab_prompt(judge):
     task = _fuzzy_task(["4.2 km", "17 min"])
     ok, det = run(ev.evaluate_string_match(task, "It is 4.2 km, about 17 min", judge))
-    assert ok == 1.0 and det[0]["judge"] == "judge-mini" and "correct" in det[0]["judge_reply"].lower()
+    assert ok == 1.0 and det[0]["judge"] == "judge-mini" and det[0]["judge_reply"] == "Correct."
     partial, det = run(ev.evaluate_string_match(task, "It is 4.2 km", judge))
     assert partial == 0.0 and det[0]["judge_reply"] == "Partially correct."
-    assert run(ev.evaluate_string_match(task, "No idea", judge))[0] == 0.0
-    req = _JudgeHandler.requests[0]
-    assert req["body"]["model"] == "judge-mini" and req["body"]["temperature"] == 0
-    assert req["auth"] == "Bearer sk-test"
-    assert "Reference answer: 4.2 km, 17 min" in req["body"]["messages"][-1]["content"]
+    wrong, det = run(ev.evaluate_string_match(task, "No idea", judge))
+    assert wrong == 0.0 and det[0]["judge_reply"] == "Incorrect."
+    body = JudgeHandler.requests[0]["body"]
+    assert JudgeHandler.requests[0]["auth"] == "Bearer sk-test"
+    assert (body["model"], body["temperature"], body["max_tokens"], body["top_p"]) == ("judge-mini", 0, 768, 1.0)
+    # VAB helper_functions_eval.py llm_fuzzy_match: system prompt and user message, reference joined with ", ",
+    # the cleaned (lowercased) answer as the student's
+    assert body["messages"] == [
+        {"role": "system", "content": "You are a helpful assistant"},
+        {"role": "user", "content": (
+            "Help a teacher to grade the answer of a student given a question. Keep in mind that the student may use "
+            "different phrasing or wording to answer the question. The goal is to evaluate whether the answer is "
+            "semantically equivalent to the reference answer.\nquestion: How far by bike?\nreference answer: 4.2 km, "
+            "17 min\nall the string 'N/A' that you see is a special sequence that means 'not achievable'\nstudent "
+            "answer: it is 4.2 km, about 17 min\nConclude the judgement by 'correct', 'incorrect', or 'partially "
+            "correct'. Only output one of these options, and nothing else.")}]
 
 
-def test_fuzzy_match_fallback_without_judge():
-    task = _fuzzy_task(["4.2 km", "17 min"])
-    ok, det = run(ev.evaluate_string_match(task, "4.2 km, 17 min by bike"))
-    assert ok == 1.0 and det[0]["judge"] == "fallback"
-    assert run(ev.evaluate_string_match(task, "4.2 km"))[0] == 0.0
-
-
-def test_na_exact_then_ua_match(judge):
+def test_na_exact_then_ua_match_through_the_judge(judge):
     task = _fuzzy_task("N/A", note="the store has no refund policy page")
     ok, det = run(ev.evaluate_string_match(task, '"n/a"', judge))
-    assert ok == 1.0 and det[0]["check"] == "fuzzy_match:N/A exact" and _JudgeHandler.requests == []
+    assert ok == 1.0 and det[0]["check"] == "fuzzy_match:N/A exact" and JudgeHandler.requests == []
     ok, det = run(ev.evaluate_string_match(task, "N/A: there is no refund policy page in the store", judge))
-    assert ok == 1.0 and det[0]["check"] == "fuzzy_match:N/A ua_match" and len(_JudgeHandler.requests) == 1
-    bad, _ = run(ev.evaluate_string_match(task, "N/A: the site was down", judge))
-    assert bad == 0.0
-    # without a judge the reason cannot be compared: 0, marked as fallback
-    s, det = run(ev.evaluate_string_match(task, "N/A: there is no refund policy page in the store"))
-    assert s == 0.0 and det[0]["judge"] == "fallback"
+    assert ok == 1.0 and det[0]["check"] == "fuzzy_match:N/A ua_match" and det[0]["judge_reply"] == "same"
+    bad, det = run(ev.evaluate_string_match(task, "N/A: the site was down", judge))
+    assert bad == 0.0 and det[0]["judge_reply"] == "different"
+    # VAB llm_ua_match: the task, the actual reason (string_note) and the reported (cleaned) answer
+    prompt = JudgeHandler.requests[0]["body"]["messages"][1]["content"]
+    assert prompt.startswith("task: How far by bike?\nactual unachievable reason: the store has no refund policy page\n"
+                             "reported unachievable reason: n/a: there is no refund policy page in the store\n"
+                             "The task described above is inherently unachievable")
+    assert prompt == ev.VAB_UA_PROMPT.format(question="How far by bike?", reference="the store has no refund policy page",
+                                             pred="n/a: there is no refund policy page in the store")
+    assert prompt.endswith("respond with 'same'. Otherwise, respond with 'different'.")
+
+
+def test_no_judge_leaves_judge_checks_unscored():
+    task = _fuzzy_task(["4.2 km", "17 min"])
+    s, det = run(ev.evaluate_string_match(task, "4.2 km, 17 min by bike"))
+    assert s is None and det[0]["score"] is None and det[0]["judge"] is None and "eval.judge" in det[0]["unscored"]
+    na = _fuzzy_task("N/A", note="the store has no refund policy page")
+    assert run(ev.evaluate_string_match(na, "N/A"))[0] == 1.0  # the exact "N/A" needs no judge
+    s, det = run(ev.evaluate_string_match(na, "N/A: there is no refund policy page in the store"))
+    assert s is None and det[0]["check"] == "fuzzy_match:N/A ua_match" and det[0]["judge"] is None
+    # another check that fails decides the product: 0, not unscored
+    both = {"intent": "", "eval": {"eval_types": ["string_match"], "reference_answers": {
+        "must_include": ["17"], "fuzzy_match": ["4.2 km"]}}}
+    assert run(ev.evaluate_string_match(both, "about 20 minutes"))[0] == 0.0
+    assert run(ev.evaluate_string_match(both, "17 minutes"))[0] is None
+    res = run(ev.evaluate_task(task, None, "4.2 km, 17 min"))
+    assert res.score is None and res.unscored and not res.success and res.judges == [None]
+    assert res.details[-1] == {"evaluator": "string_match", "check": "total", "score": None}
+
+
+def test_mul_treats_unscored_as_unknown():
+    assert ev.mul(1.0, None) is None and ev.mul(None, 0.0) == 0.0 and ev.mul(0.0, None) == 0.0
+    assert ev.mul(1.0, 1.0) == 1.0 and ev.mul(None, None) is None
+
+
+def test_fallback_judge_scores_deterministically():
+    fb = ev.FallbackJudge()
+    task = _fuzzy_task(["4.2 km", "17 min"])
+    ok, det = run(ev.evaluate_string_match(task, "4.2 km, 17 min by bike", fb))
+    assert ok == 1.0 and det[0]["judge"] == "fallback" and det[0]["judge_reply"] == "deterministic fallback"
+    assert run(ev.evaluate_string_match(task, "4.2 km", fb))[0] == 0.0
+    na = _fuzzy_task("N/A", note="the store has no refund policy page")
+    ok, det = run(ev.evaluate_string_match(na, "N/A: there is no refund policy page in the store", fb))
+    assert ok == 1.0 and det[0]["judge"] == "fallback"
+    assert run(ev.evaluate_string_match(na, "N/A: the site was down", fb))[0] == 0.0
+    assert ev.fallback_ua_match("", "anything") == 0.0
+    assert run(ev.evaluate_task(task, None, "4.2 km, 17 min", judge=fb)).judges == ["fallback"]
+
+
+def test_judge_from_settings_follows_eval_judge(monkeypatch):
+    from webrl_core.config import load_config
+
+    assert ev.judge_from_settings(load_config("smoke")) is None
+    assert ev.judge_from_settings(load_config("smoke", sets=["eval.judge=''"])) is None
+    assert isinstance(ev.judge_from_settings(load_config("smoke", sets=["eval.judge=none"])), ev.FallbackJudge)
+    s = load_config("smoke", sets=["eval.judge=http://127.0.0.1:8000/v1/", "eval.judge_model=qwen-judge",
+                                   "eval.judge_api_key_env=MY_JUDGE_KEY"])
+    j = ev.judge_from_settings(s)
+    assert isinstance(j, ev.LLMJudge) and (j.base_url, j.model, j.api_key_env) == (
+        "http://127.0.0.1:8000/v1", "qwen-judge", "MY_JUDGE_KEY")
+    assert ev.judge_from_settings(s.eval).model == "qwen-judge"  # an EvalConfig works too
+    assert ev.describe_judge(s) == "qwen-judge at http://127.0.0.1:8000/v1/"
+    assert ev.describe_judge(load_config("smoke", sets=["eval.judge=none"])) == "none (deterministic fallback)"
+    assert ev.describe_judge(load_config("smoke")).startswith("not configured")
+    with pytest.raises(ValueError, match=r"eval\.judge: 'localhost:8000' is not an http\(s\) URL"):
+        ev.judge_from_settings(load_config("smoke", sets=["eval.judge=localhost:8000"]))
+    with pytest.warns(DeprecationWarning):  # the old name still reaches the judge
+        old = load_config("smoke", sets=["eval.fuzzy_judge_url=http://127.0.0.1:9/v1"])
+    assert ev.judge_from_settings(old).base_url == "http://127.0.0.1:9/v1"
+
+
+def test_needs_judge():
+    assert ev.needs_judge(_fuzzy_task(["x"])) and ev.needs_judge(_fuzzy_task("N/A"))
+    assert not ev.needs_judge({"eval": {"eval_types": ["string_match"], "reference_answers": {"exact_match": "x"}}})
+    html = _html_task("last", "", {"fuzzy_match": ["tea"]})
+    assert ev.needs_judge(html) and not ev.needs_judge(_html_task("last", "", {"must_include": ["tea"]}))
+    assert not ev.needs_judge(None)
 
 
 def test_judge_errors_are_reported(judge):
-    _JudgeHandler.fail = True
+    JudgeHandler.fail = True
     with pytest.raises(ev.JudgeError, match="judge-mini"):
         run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
-    assert len(_JudgeHandler.requests) == 1  # retries=0
-    _JudgeHandler.requests.clear()
+    assert len(JudgeHandler.requests) == 1  # retries=0
+    JudgeHandler.requests.clear()
     judge.retries = 1  # the SDK retries a 5xx answer
-    with pytest.raises(ev.JudgeError, match=r"judge http://127.0.0.1:\d+/v1 \(model judge-mini\) failed .*500"):
+    with pytest.raises(ev.JudgeError, match=r"judge http://127.0.0.1:\d+/v1 \(model judge-mini, eval\.judge\) "
+                                            r"failed after up to 2 tries, API key from \$WEBRL_TEST_JUDGE_KEY .*500"):
         run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
-    assert len(_JudgeHandler.requests) == 2
+    assert len(JudgeHandler.requests) == 2
+
+
+def test_a_missing_key_is_named_when_the_endpoint_refuses(judge, monkeypatch):
+    monkeypatch.delenv("WEBRL_TEST_JUDGE_KEY")
+    JudgeHandler.fail = True
+    with pytest.raises(ev.JudgeError, match=r"no API key: \$WEBRL_TEST_JUDGE_KEY \(eval\.judge_api_key_env\) is not set"):
+        run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
+
+
+def test_a_reply_without_a_verdict_is_an_error_not_a_score(judge):
+    JudgeHandler.reply = "I cannot tell."
+    with pytest.raises(ev.JudgeError, match="no verdict .*I cannot tell"):
+        run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
+    with pytest.raises(ev.JudgeError, match="ua_match reply has no verdict"):
+        run(ev.evaluate_string_match(_fuzzy_task("N/A", note="gone"), "it is gone", judge))
+    JudgeHandler.reply = "__import__('os').system('false') # correct"  # model output is only searched, never run
+    assert run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))[0] == 1.0
 
 
 def test_judge_without_a_key_sends_no_authorization(judge, monkeypatch):
     monkeypatch.delenv("WEBRL_TEST_JUDGE_KEY")
     assert run(ev.evaluate_string_match(_fuzzy_task(["4.2 km"]), "4.2 km", judge))[0] == 1.0
-    (req,) = _JudgeHandler.requests
+    (req,) = JudgeHandler.requests
     assert req["auth"] is None and req["body"]["max_tokens"] == 768 and req["path"] == "/v1/chat/completions"
 
 
@@ -250,8 +355,11 @@ def test_verdict_parsing():
     assert ev.parse_fuzzy_verdict("The answer is correct") == 1.0
     assert ev.parse_fuzzy_verdict("partially correct") == 0.0
     assert ev.parse_fuzzy_verdict("INCORRECT") == 0.0
-    assert ev.parse_fuzzy_verdict("unsure") == 0.0
     assert ev.parse_ua_verdict("Same.") == 1.0 and ev.parse_ua_verdict("different") == 0.0
+    with pytest.raises(ev.JudgeError):
+        ev.parse_fuzzy_verdict("unsure")
+    with pytest.raises(ev.JudgeError):
+        ev.parse_ua_verdict("unsure")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,6 +578,14 @@ def test_string_and_url_combine_by_product(site, browser_loop, judge):
     bad = copy.deepcopy(task)
     bad["eval"]["program_html"][0]["required_contents"]["fuzzy_match"] = ["coffee"]
     assert evaluate_at(browser_loop, f"{base}/notes", bad, judge=judge).score == 0.0
+    # no judge: the fuzzy target is unscored, and so is the task; the fallback scores it
+    res = evaluate_at(browser_loop, f"{base}/notes", task)
+    assert res.score is None and [d["judge"] for d in res.details if "judge" in d] == [None]
+    assert evaluate_at(browser_loop, f"{base}/notes", task, judge=ev.FallbackJudge()).score == 1.0
+    # ... unless another check already failed: a failing url_match decides the product without a judge
+    mixed = copy.deepcopy(task)
+    mixed["eval"].update(eval_types=["url_match", "program_html"], reference_url=f"{base}/elsewhere")
+    assert evaluate_at(browser_loop, f"{base}/notes", mixed).score == 0.0
 
 
 def test_webarena_helpers_latest_order_and_gitlab_role(site, browser_loop):

@@ -3,6 +3,9 @@ in the next observation, early stops, host blocking and tab following."""
 
 from __future__ import annotations
 
+import threading
+from http.server import ThreadingHTTPServer
+
 import pytest
 
 from conftest import small_cfg
@@ -224,3 +227,107 @@ def test_outside_hosts_pattern_matches_only_other_hosts():
                 "http://example.com.evil.org/", "http://[::1]:8081/", "http://user@127.0.0.1:33623/"]:
         assert p.search(url), url
     assert outside_hosts_pattern([]).search("http://127.0.0.1:1/")  # nothing allowed: every host is outside
+
+
+# ---------------------------------------------------------------------------------------------
+# scoring: the env's judge (eval.judge) decides how fuzzy_match and the N/A reason check are scored
+
+FUZZY_EVAL = {"eval_types": ["string_match"], "reference_answers": {"fuzzy_match": ["4.2 km", "17 min"]}}
+NA_EVAL = {"eval_types": ["string_match"], "reference_answers": {"fuzzy_match": "N/A"},
+           "string_note": "the store has no refund policy page"}
+EXACT_EVAL = {"eval_types": ["string_match"], "reference_answers": {"exact_match": "Fixture form"}}
+
+
+@pytest.fixture
+def judge_server(monkeypatch):
+    """The real OpenAI-compatible judge of test_evaluators (VAB's prompts answered by fixed rules) on 127.0.0.1."""
+    from test_evaluators import JudgeHandler
+
+    JudgeHandler.requests.clear()
+    JudgeHandler.fail, JudgeHandler.reply = False, None
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), JudgeHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", JudgeHandler
+    srv.shutdown()
+    srv.server_close()
+
+
+def judges(url: str) -> dict:
+    """The judge each eval.judge setting gives: empty, "none", the test endpoint."""
+    from webrl_core.config import load_config
+    from webrl_core.env.evaluators import judge_from_settings
+
+    return {name: judge_from_settings(load_config("smoke", sets=[f"eval.judge={value}", "eval.judge_model=judge-mini"]))
+            for name, value in (("empty", "''"), ("none", "none"), ("llm", url))}
+
+
+def test_evaluate_uses_the_envs_judge(pages_url, aloop, shared_pool, judge_server):
+    url, handler = judge_server
+    by = judges(url)
+
+    async def score(judge, eval_spec, answer):
+        env = WebEnv(shared_pool, small_cfg(), NoHooks(allowed=[pages_url.split("//")[1]]), judge=judge)
+        try:
+            await env.reset(task(pages_url + "/form.html", intent="How far by bike?", eval=eval_spec), "judge-e")
+            _, done, _ = await env.step(f'exit(message="{answer}")')
+            assert done
+            return await env.evaluate(), env.last_eval
+        finally:
+            await env.close()
+
+    run = lambda *a: aloop.run(score(*a))  # noqa: E731
+    # a judge: its verdict is the score, both ways; the N/A reason check goes to ua_match
+    s, res = run(by["llm"], FUZZY_EVAL, "It is 4.2 km, about 17 min")
+    assert s == 1.0 and res.judges == ["judge-mini"] and res.details[0]["judge_reply"] == "Correct."
+    assert run(by["llm"], FUZZY_EVAL, "It is 5 km")[0] == 0.0
+    s, res = run(by["llm"], NA_EVAL, "N/A: there is no refund policy page")
+    assert s == 1.0 and res.details[0]["check"] == "fuzzy_match:N/A ua_match" and res.details[0]["judge_reply"] == "same"
+    assert run(by["llm"], NA_EVAL, "N/A: the page did not load")[0] == 0.0
+    assert len(handler.requests) == 4
+    # no judge configured: unscored (None), not failed; a task without fuzzy checks is scored as before
+    s, res = run(by["empty"], FUZZY_EVAL, "It is 4.2 km, about 17 min")
+    assert s is None and res.unscored and "eval.judge" in res.details[0]["unscored"]
+    assert run(by["empty"], NA_EVAL, "N/A: there is no refund policy page")[0] is None
+    assert run(by["empty"], EXACT_EVAL, "Fixture form")[0] == 1.0
+    # eval.judge: none -> the deterministic fallback, and the details say so
+    s, res = run(by["none"], FUZZY_EVAL, "4.2 km, 17 min")
+    assert s == 1.0 and res.judges == ["fallback"]
+    assert len(handler.requests) == 4  # neither asked the endpoint
+
+
+def test_the_rollout_engine_passes_the_judge_and_stores_unscored_apart(pages_url, aloop, shared_pool, judge_server,
+                                                                       tmp_path):
+    from webrl_core.env.episode import outcome
+    from webrl_core.env.rollout import rollout
+    from webrl_core.env.scripted import ScriptedPolicy, exit_
+    from webrl_core.pipeline.evaluation import tally
+    from webrl_core.store import TrajectoryStore
+
+    url, handler = judge_server
+    answers = {"fuzzy-ok": "It is 4.2 km, about 17 min", "fuzzy-bad": "It is 5 km",
+               "na": "N/A: there is no refund policy page", "exact": "Fixture form"}
+    evals = {"fuzzy-ok": FUZZY_EVAL, "fuzzy-bad": FUZZY_EVAL, "na": NA_EVAL, "exact": EXACT_EVAL}
+    tasks = [task(pages_url + "/form.html", task_id=t, intent="How far by bike?", eval=evals[t]) for t in answers]
+
+    class Answers(ScriptedPolicy):
+        def respond(self, ctx):
+            return exit_(answers[ctx.task["task_id"]])
+
+    outcomes = {}
+    for name, judge in judges(url).items():
+        store = TrajectoryStore(tmp_path / name)
+        eps = aloop.run(rollout(tasks, Answers(), 2, cfg=small_cfg(), hooks=NoHooks(allowed=[pages_url.split("//")[1]]),
+                                store=store, purpose="eval", judge=judge, pool=shared_pool, progress=False))
+        assert all(e["status"] == "done" for e in eps)
+        rows = store.sql("SELECT task_id, site, status, env_score, success FROM episodes")
+        outcomes[name] = {r["task_id"]: outcome(r["status"], r["env_score"]) for r in rows}
+        if name == "empty":
+            assert {r["task_id"]: r["success"] for r in rows if r["env_score"] is None} == {"fuzzy-ok": None,
+                                                                                            "fuzzy-bad": None, "na": None}
+            _, total = tally(rows)
+            assert total == {"n": 4, "success": 1, "failed": 0, "unscored": 3, "errors": 0}
+            [rate] = store.success_rate()
+            assert (rate["successes"], rate["failures"], rate["unscored"], rate["rate"]) == (1, 0, 3, 1.0)
+    assert outcomes["llm"] == {"fuzzy-ok": "success", "fuzzy-bad": "failed", "na": "success", "exact": "success"}
+    assert outcomes["empty"] == {"fuzzy-ok": "unscored", "fuzzy-bad": "unscored", "na": "unscored", "exact": "success"}
+    assert outcomes["none"] == {"fuzzy-ok": "success", "fuzzy-bad": "failed", "na": "success", "exact": "success"}

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from webrl_core.websites import is_success
+
 _IN_MEMORY = {"stored": False}  # field metadata: not an episode column (returned by rollout(), never stored)
 
 
@@ -44,10 +46,11 @@ class Episode:
     # outcome
     status: str                  # ``WebEnv.status`` ("done", "early_stop", "max_steps"), or "error": every try failed
     final_answer: str | None     # the agent's exit message or "Early stop: ..." (None after an error)
-    env_score: float | None      # the ground-truth score of the final state (None after an error)
+    env_score: float | None      # the ground-truth score of the final state; None after an error, or when the task
+    #                              needed an LLM judge and none was configured (eval.judge empty): "unscored"
     final_page: FinalPage | None = field(metadata=_IN_MEMORY)  # None after an error
     orm_score: float | None      # the outcome reward model's score: filled in later, always None here
-    success: bool | None         # ``websites.is_success(env_score)`` (None when there is no score)
+    success: bool | None         # ``websites.is_success(env_score)`` (None when there is no score: error, unscored)
     n_steps: int                 # steps of the last try
     # cost
     started_at: float            # wall-clock time (epoch seconds) the first try started
@@ -78,3 +81,17 @@ class Episode:
 
 
 EPISODE_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(Episode) if f.metadata.get("stored", True))
+
+OUTCOMES = ("success", "failed", "unscored", "error")
+
+
+def outcome(status: str | None, env_score: float | None) -> str:
+    """How an episode (a record or a stored row: its ``status`` and ``env_score``) counts against the ground truth:
+    "error" (every try failed), "unscored" (it ran to the end but has no score: its task needs an LLM judge and
+    none was configured), "success" or "failed" (``websites.is_success``). A success rate is
+    success / (success + failed); errored and unscored episodes are counted apart."""
+    if status == "error":
+        return "error"
+    if env_score is None:
+        return "unscored"
+    return "success" if is_success(env_score) else "failed"

@@ -11,6 +11,10 @@ of ``helper_functions.py``: ``llm_fuzzy_match``, ``llm_ua_match``). Like ``Evalu
   ``fuzzy_match``: a list is joined with ", " and graded by one LLM judge call (correct -> 1; incorrect or partially
   correct -> 0); the literal "N/A" is first tested by exact match, then the reported reason is compared with
   ``string_note`` by the judge ("same" -> 1). ``must_exclude``, ``required_values`` and ``one_of`` follow VAB too.
+  The judge is VAB's (``LLMJudge``: its prompts and verdict reading, on an OpenAI-compatible endpoint); which one
+  scores is ``eval.judge`` (:func:`judge_from_settings`): a URL -> ``LLMJudge``; "none" -> the deterministic
+  ``FallbackJudge`` (details say ``judge: "fallback"``); empty -> no judge: those checks score None ("unscored",
+  details say why) and so does the task, unless another check scored 0 (the product is 0 whatever the judge says).
 * url_match -- the final page URL against ``reference_url`` (" |OR| " alternatives); both sides map "localhost" to
   "127.0.0.1" and lose one trailing "/". Rule ``url_note``: "EXACT" (default) = equal to one reference,
   "GOLD in PRED" = one reference is a substring of the prediction.
@@ -23,8 +27,8 @@ of ``helper_functions.py``: ``llm_fuzzy_match``, ``llm_ua_match``). Like ``Evalu
 Deliberate differences from VAB, all keeping its intent: "last" targets are checked before any target navigates away
 and ``__last_url__``/url_match always mean the agent's final URL (VAB re-reads ``page.url`` after earlier targets
 moved the page); no fixed ``sleep(3)`` after navigation; ``func:`` calls are parsed with ``ast`` against a registry,
-never ``eval``-ed. Without a configured judge, fuzzy_match uses a documented deterministic fallback
-(:func:`fallback_fuzzy_match`) and marks ``judge: "fallback"`` in the details.
+never ``eval``-ed; a failing N/A reason check multiplies into the task's score (VAB's ``score = 1.0 * ua_match``
+overwrites the checks before it); a judge reply without a verdict word is a ``JudgeError`` (VAB asserts).
 """
 
 from __future__ import annotations
@@ -290,31 +294,72 @@ async def call_helper(expr: str, helpers: dict[str, Callable], page=None, last_u
 
 
 # ---------------------------------------------------------------------------------------------
-# LLM judge (OpenAI-compatible chat completions)
+# the judge: an LLM on an OpenAI-compatible endpoint, the deterministic fallback, or none (unscored)
 
-_FUZZY_PROMPT = """You grade the answer of a web agent against a reference answer.
-Task: {intent}
-Reference answer: {reference}
-Predicted answer: {prediction}
-The predicted answer may be phrased differently, but it must state the same facts as the reference answer.
-"N/A" in either answer means the task is not achievable.
-Is the predicted answer correct, incorrect or partially correct? Reply with one of: correct, incorrect, partially correct."""
+# VAB's judge prompts, verbatim, as data: VisualAgentBench (github.com/THUDM/VisualAgentBench, commit 9055fc2),
+# ``VAB-WebArena-Lite/new/helper_functions_eval.py``, functions ``llm_fuzzy_match`` and ``llm_ua_match``. Both send
+# [system, user] to gpt-4-1106-preview with temperature 0, max_tokens 768, top_p 1.0. VAB's ``question`` is the
+# task's intent, ``reference`` the joined reference (``", ".join``) or the task's ``string_note``, ``pred`` the
+# cleaned answer (string_match) or the selected page text (program_html).
+VAB_JUDGE_SYSTEM = "You are a helpful assistant"
+VAB_FUZZY_PROMPT = (
+    "Help a teacher to grade the answer of a student given a question. Keep in mind that the student may use "
+    "different phrasing or wording to answer the question. The goal is to evaluate whether the answer is "
+    "semantically equivalent to the reference answer.\n"
+    "question: {question}\n"
+    "reference answer: {reference}\n"
+    "all the string 'N/A' that you see is a special sequence that means 'not achievable'\n"
+    "student answer: {pred}\n"
+    "Conclude the judgement by 'correct', 'incorrect', or 'partially correct'. Only output one of these options, "
+    "and nothing else.")
+VAB_UA_PROMPT = (
+    "task: {question}\n"
+    "actual unachievable reason: {reference}\n"
+    "reported unachievable reason: {pred}\n"
+    "The task described above is inherently unachievable due to the reason specified under 'actual unachievable "
+    "reason'. An individual previously attempted this task and was unable to complete it. They provided a reason for "
+    "their failure, which is listed under 'reported unachievable reason'. Your role is to review both the actual and "
+    "reported reasons. Determine if the reported reason aligns with the actual reason, even if implicitly. If the "
+    "stated reason is in line with the actual reason, respond with 'same'. Otherwise, respond with 'different'.")
+VAB_JUDGE_SAMPLING = {"temperature": 0, "max_tokens": 768, "top_p": 1.0}
 
-_UA_PROMPT = """A web agent reported that a task cannot be completed.
-Task: {intent}
-Actual reason the task cannot be completed: {reference}
-Reason reported by the agent: {prediction}
-Do the two reasons describe the same problem? Reply with one word: same or different."""
+NO_JUDGE = ("needs an LLM judge and none is configured: set eval.judge to an OpenAI-compatible endpoint "
+            "(e.g. http://127.0.0.1:8000/v1), or eval.judge: none for the deterministic fallback")
 
 
 class JudgeError(RuntimeError):
     """The judge endpoint could not be reached or answered with something unusable."""
 
 
+def parse_fuzzy_verdict(reply: str) -> float:
+    """VAB ``llm_fuzzy_match``'s reading of the lowercased reply: "partially correct" or "incorrect" -> 0 (checked
+    first: both contain "correct"), else "correct" -> 1. A reply with none of them is a ``JudgeError`` (VAB asserts)."""
+    r = reply.lower()
+    if "partially correct" in r or "incorrect" in r:
+        return 0.0
+    if "correct" in r:
+        return 1.0
+    raise JudgeError(f"the judge's fuzzy_match reply has no verdict ('correct', 'incorrect' or 'partially "
+                     f"correct'): {_short(reply)!r}")
+
+
+def parse_ua_verdict(reply: str) -> float:
+    """VAB ``llm_ua_match``'s reading of the lowercased reply: "different" -> 0, else "same" -> 1. A reply with
+    neither is a ``JudgeError`` (VAB asserts)."""
+    r = reply.lower()
+    if "different" in r:
+        return 0.0
+    if "same" in r:
+        return 1.0
+    raise JudgeError(f"the judge's ua_match reply has no verdict ('same' or 'different'): {_short(reply)!r}")
+
+
 class LLMJudge:
-    """fuzzy_match / ua_match grader on an OpenAI-compatible ``/chat/completions`` endpoint (temperature 0,
-    max_tokens 768, as VAB's gpt-4-1106-preview judge) through the ``openai`` SDK, which retries timeouts, connection
-    errors, 429 and 5xx answers ``retries`` times. The API key is read from ``api_key_env`` if set."""
+    """VAB's LLM judge (``helper_functions_eval.py``: ``llm_fuzzy_match``, ``llm_ua_match``) on an OpenAI-compatible
+    ``/chat/completions`` endpoint through the ``openai`` SDK: VAB's prompts (``VAB_FUZZY_PROMPT``,
+    ``VAB_UA_PROMPT``), sampling (temperature 0, max_tokens 768, top_p 1) and verdict reading. The SDK retries
+    timeouts, connection errors, 429 and 5xx answers ``retries`` times; the API key is read from the environment
+    variable ``api_key_env`` (no key: no Authorization header). The reply is only searched for the verdict words."""
 
     def __init__(self, base_url: str, model: str = "gpt-4-1106-preview", api_key_env: str = "OPENAI_API_KEY",
                  timeout_s: float = 60.0, retries: int = 2, max_tokens: int = 768):
@@ -322,65 +367,161 @@ class LLMJudge:
         self.model, self.api_key_env = model, api_key_env
         self.timeout_s, self.retries, self.max_tokens = timeout_s, retries, max_tokens
 
-    @classmethod
-    def from_config(cls, cfg) -> "LLMJudge | None":
-        """From a WebRLSettings (eval.judge/judge_model); None when no judge URL is configured."""
-        url = cfg.eval.judge
-        return cls(url, model=cfg.eval.judge_model) if url and url != "none" else None
+    @property
+    def name(self) -> str:
+        """What detail rows record as the judge: the model's name."""
+        return self.model
+
+    def __repr__(self) -> str:
+        return f"LLMJudge({self.base_url!r}, model={self.model!r})"
 
     async def complete(self, prompt: str) -> str:
         import openai  # ~0.5 s to import: only a configured judge needs it, and task-file tools import this module
 
         key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        messages = [{"role": "system", "content": "You are a strict, careful grader."},
-                    {"role": "user", "content": prompt}]
+        messages = [{"role": "system", "content": VAB_JUDGE_SYSTEM}, {"role": "user", "content": prompt}]
         # no key: no Authorization header (the SDK insists on a key, so it gets one it never sends)
         no_auth = {} if key else {"extra_headers": {"Authorization": openai.Omit()}}
+        sampling = dict(VAB_JUDGE_SAMPLING, max_tokens=self.max_tokens)
         try:
             async with openai.AsyncOpenAI(base_url=self.base_url, api_key=key or "unused", timeout=self.timeout_s,
                                           max_retries=self.retries) as client:
-                reply = await client.chat.completions.create(model=self.model, temperature=0, messages=messages,
-                                                             max_tokens=self.max_tokens, **no_auth)
-            return reply.choices[0].message.content or ""
+                reply = await client.chat.completions.create(model=self.model, messages=messages, **sampling,
+                                                             **no_auth)
+            content = reply.choices[0].message.content
         except (openai.APIError, AttributeError, IndexError, TypeError, ValueError) as e:
-            raise JudgeError(f"judge {self.base_url} (model {self.model}) failed after up to {self.retries + 1} tries: "
-                             f"{e!r}") from None
+            key_note = (f"API key from ${self.api_key_env} (eval.judge_api_key_env)" if key else
+                        f"no API key: ${self.api_key_env} (eval.judge_api_key_env) is not set")
+            raise JudgeError(f"judge {self.base_url} (model {self.model}, eval.judge) failed after up to "
+                             f"{self.retries + 1} tries, {key_note}: {e!r}") from None
+        if not isinstance(content, str) or not content.strip():
+            raise JudgeError(f"judge {self.base_url} (model {self.model}, eval.judge) answered with no text")
+        return content
 
-    async def fuzzy_match(self, intent: str, reference: str, prediction: str) -> tuple[float, str]:
-        reply = await self.complete(_FUZZY_PROMPT.format(intent=intent, reference=reference, prediction=prediction))
+    async def fuzzy_match(self, intent: str, reference: list[str], prediction: str) -> tuple[float, str]:
+        """VAB ``llm_fuzzy_match(pred, ", ".join(reference), intent)``: 1 iff the judge says "correct"."""
+        reply = await self.complete(VAB_FUZZY_PROMPT.format(question=intent, reference=", ".join(reference),
+                                                            pred=prediction))
         return parse_fuzzy_verdict(reply), reply
 
     async def ua_match(self, intent: str, reference: str, prediction: str) -> tuple[float, str]:
-        reply = await self.complete(_UA_PROMPT.format(intent=intent, reference=reference, prediction=prediction))
+        """VAB ``llm_ua_match(pred, string_note, intent)``: 1 iff the judge says "same"."""
+        reply = await self.complete(VAB_UA_PROMPT.format(question=intent, reference=reference, pred=prediction))
         return parse_ua_verdict(reply), reply
 
 
-def parse_fuzzy_verdict(reply: str) -> float:
-    """'partially correct' and 'incorrect' score 0 (checked first: both contain 'correct'); 'correct' scores 1."""
-    r = reply.lower()
-    if "partially correct" in r or "incorrect" in r:
-        return 0.0
-    return float("correct" in r)
+class FallbackJudge:
+    """The deterministic stand-in ``eval.judge: none`` asks for (not VAB): :func:`fallback_fuzzy_match` and
+    :func:`fallback_ua_match`. Detail rows record the judge as "fallback"."""
+
+    name = "fallback"
+
+    def __repr__(self) -> str:
+        return "FallbackJudge()"
+
+    async def fuzzy_match(self, intent: str, reference: list[str], prediction: str) -> tuple[float, str]:
+        return fallback_fuzzy_match(reference, prediction), "deterministic fallback"
+
+    async def ua_match(self, intent: str, reference: str, prediction: str) -> tuple[float, str]:
+        return fallback_ua_match(reference, prediction), "deterministic fallback"
 
 
-def parse_ua_verdict(reply: str) -> float:
-    r = reply.lower()
-    if "different" in r:
+_STOPWORDS = frozenset(
+    "a an the is are was were be been being of to in on at for by with from as and or but not no nor it its this that "
+    "these those there their they them he she his her you your we our i me my task can cannot can't could n't does do "
+    "did has have had any all so such which who whom what when where why how than then into onto about n/a".split())
+
+
+def _content_words(text: str) -> set[str]:
+    return {t for t in word_tokenize(clean_answer(text)) if t not in _STOPWORDS and any(c.isalnum() for c in t)}
+
+
+def fallback_ua_match(reference: str, pred: str) -> float:
+    """Deterministic stand-in for VAB's ``llm_ua_match``: 1 iff the reported reason holds at least half of the
+    actual reason's content words (lowercased word tokens minus common function words), else 0. It cannot read
+    negation or paraphrase; an empty actual reason scores 0."""
+    ref = _content_words(reference or "")
+    if not ref:
         return 0.0
-    return float("same" in r)
+    return float(2 * len(ref & _content_words(pred)) >= len(ref))
+
+
+def judge_from_settings(settings) -> "LLMJudge | FallbackJudge | None":
+    """The judge ``eval.judge`` asks for (``settings`` is a WebRLSettings, a stage's view of one, or an EvalConfig):
+    empty -> None (tasks that need a judge are unscored), "none" -> :class:`FallbackJudge`, an http(s) URL ->
+    :class:`LLMJudge` with ``eval.judge_model`` and the key in ``$<eval.judge_api_key_env>``."""
+    ev = settings.eval if hasattr(settings, "eval") else settings
+    url = (ev.judge or "").strip()
+    if not url:
+        return None
+    if url.lower() == "none":
+        return FallbackJudge()
+    scheme = urlparse(url).scheme
+    if scheme not in ("http", "https") or not urlparse(url).netloc:
+        raise ValueError(f"eval.judge: {url!r} is not an http(s) URL; expected an OpenAI-compatible endpoint such as "
+                         f"http://127.0.0.1:8000/v1, 'none' (deterministic fallback) or empty (no judge: tasks that "
+                         f"need one are reported unscored)")
+    return LLMJudge(url, model=ev.judge_model, api_key_env=ev.judge_api_key_env)
+
+
+def describe_judge(settings) -> str:
+    """One line for reports: what ``eval.judge`` says scores fuzzy_match and the N/A reason check."""
+    ev = settings.eval if hasattr(settings, "eval") else settings
+    url = (ev.judge or "").strip()
+    if not url:
+        return "not configured (eval.judge is empty: tasks that need a judge are unscored)"
+    if url.lower() == "none":
+        return "none (deterministic fallback)"
+    return f"{ev.judge_model} at {url}"
+
+
+def needs_judge(task: dict | None) -> bool:
+    """Whether the task has a check that VAB scores with its LLM judge: string_match's ``fuzzy_match`` (the "N/A"
+    reference included: its reason check is ``llm_ua_match``) or a program_html ``required_contents.fuzzy_match``."""
+    ev = (task or {}).get("eval") or {}
+    types = ev.get("eval_types") or []
+    if "string_match" in types and "fuzzy_match" in (ev.get("reference_answers") or {}):
+        return True
+    return "program_html" in types and any("fuzzy_match" in (t.get("required_contents") or {})
+                                           for t in ev.get("program_html") or [])
 
 
 # ---------------------------------------------------------------------------------------------
 # the three evaluators
 
+Score = float | None  # None: unscored (a check needs a judge and none is configured)
+
+
+def mul(a: Score, b: Score) -> Score:
+    """Product of check scores where None (unscored) is unknown: a 0 decides the product, else any None leaves it
+    unknown."""
+    if a == 0.0 or b == 0.0:
+        return 0.0
+    if a is None or b is None:
+        return None
+    return a * b
+
+
 @dataclass
 class EvalResult:
-    score: float
+    """``score`` is None when the task is unscored: a check needs a judge, none was given, and no other check
+    scored 0. ``details`` hold one row per check (``judge``: the judge's name, "fallback", or None = none given)."""
+
+    score: float | None
     details: list[dict] = field(default_factory=list)
 
     @property
     def success(self) -> bool:
-        return self.score >= 1.0
+        return self.score is not None and self.score >= 1.0
+
+    @property
+    def unscored(self) -> bool:
+        return self.score is None
+
+    @property
+    def judges(self) -> list[str | None]:
+        """Who scored the judge checks, in order (None: nobody, the check is unscored)."""
+        return [d["judge"] for d in self.details if "judge" in d]
 
 
 def _short(text: Any) -> str:
@@ -388,23 +529,31 @@ def _short(text: Any) -> str:
     return s if len(s) <= _DETAIL_CHARS else s[:_DETAIL_CHARS] + f"... [{len(s)} chars]"
 
 
-async def _fuzzy(reference: list[str] | str, pred: str, intent: str, judge) -> tuple[float, dict]:
-    ref = ", ".join(reference) if isinstance(reference, list) else reference
+def _judge_name(judge) -> str:
+    return str(getattr(judge, "name", None) or getattr(judge, "model", None) or type(judge).__name__)
+
+
+async def _fuzzy(reference: list[str] | str, pred: str, intent: str, judge) -> tuple[Score, dict]:
+    """VAB ``StringEvaluator.fuzzy_match`` / ``HTMLContentEvaluator``'s fuzzy_match: the reference items against the
+    prediction, by the judge; without one the check is unscored (None)."""
+    items = [reference] if isinstance(reference, str) else [str(r) for r in reference]
     if judge is None:
-        return fallback_fuzzy_match(reference, pred), {"judge": "fallback"}
-    score, reply = await judge.fuzzy_match(intent, ref, pred)
-    return score, {"judge": getattr(judge, "model", type(judge).__name__), "judge_reply": _short(reply)}
+        return None, {"judge": None, "unscored": NO_JUDGE}
+    score, reply = await judge.fuzzy_match(intent, items, pred)
+    return float(score), {"judge": _judge_name(judge), "judge_reply": _short(reply)}
 
 
 async def check_reference_answers(reference_answers: dict, pred: str, intent: str = "", string_note: str | None = None,
-                                  judge=None, source: str = "string_match") -> tuple[float, list[dict]]:
-    """Apply string_match's reference_answers to a prediction; one detail row per check."""
+                                  judge=None, source: str = "string_match") -> tuple[Score, list[dict]]:
+    """Apply string_match's reference_answers to a prediction (VAB ``StringEvaluator.__call__``); one detail row
+    per check. The score is None (unscored) when a judge check has no judge and no other check scored 0."""
     pred_c = clean_answer(pred)
-    score, details = 1.0, []
+    score: Score = 1.0
+    details: list[dict] = []
 
     def row(check, reference, s, **extra):
         details.append({"evaluator": source, "check": check, "reference": reference, "prediction": _short(pred_c),
-                        "score": float(s), **extra})
+                        "score": None if s is None else float(s), **extra})
 
     for approach, value in reference_answers.items():
         if approach == "exact_match":
@@ -429,28 +578,27 @@ async def check_reference_answers(reference_answers: dict, pred: str, intent: st
             s = float(any(clean_answer(v) in pred_c for v in value))
             row("one_of", value, s)
         elif approach == "fuzzy_match":
-            if value == "N/A":
+            if value == "N/A":  # VAB: exact "N/A" first, else the reported reason against string_note (ua_match)
                 s = exact_match("N/A", pred_c)
                 if s == 1.0:
                     row("fuzzy_match:N/A exact", "N/A", s)
-                elif judge is None:  # comparing free-text reasons needs a judge; the fallback cannot pass it
-                    row("fuzzy_match:N/A ua_match", string_note, 0.0, judge="fallback")
-                    s = 0.0
+                elif judge is None:
+                    s = None
+                    row("fuzzy_match:N/A ua_match", string_note, s, judge=None, unscored=NO_JUDGE)
                 else:
                     s, reply = await judge.ua_match(intent, string_note or "", pred_c)
-                    row("fuzzy_match:N/A ua_match", string_note, s,
-                        judge=getattr(judge, "model", type(judge).__name__), judge_reply=_short(reply))
+                    row("fuzzy_match:N/A ua_match", string_note, s, judge=_judge_name(judge), judge_reply=_short(reply))
             else:
                 s, extra = await _fuzzy(value, pred_c, intent, judge)
                 row("fuzzy_match", value, s, **extra)
         else:
             raise ValueError(f"eval.reference_answers: unknown key {approach!r}; allowed: exact_match, must_include, "
                              f"must_exclude, fuzzy_match, required_values, one_of")
-        score *= s
+        score = mul(score, s)
     return score, details
 
 
-async def evaluate_string_match(task: dict, answer: str | None, judge=None) -> tuple[float, list[dict]]:
+async def evaluate_string_match(task: dict, answer: str | None, judge=None) -> tuple[Score, list[dict]]:
     ev = task["eval"]
     return await check_reference_answers(ev.get("reference_answers") or {}, answer or "", task.get("intent", ""),
                                          ev.get("string_note"), judge)
@@ -483,47 +631,49 @@ async def _select(page, locator: str, target: dict, helpers: dict, last_url: str
     raise ValueError(f"unknown program_html locator {locator!r}; expected '', 'document.'/'[...document.' or 'func:'")
 
 
-async def _apply_required_contents(rc: dict, selected: Any, intent: str, judge, idx: int) -> tuple[float, list[dict]]:
-    score, details = 1.0, []
+async def _apply_required_contents(rc: dict, selected: Any, intent: str, judge, idx: int) -> tuple[Score, list[dict]]:
+    score: Score = 1.0
+    details: list[dict] = []
     sel_str = selected if isinstance(selected, str) else str(selected)
 
     def row(check, reference, s, **extra):
         details.append({"evaluator": "program_html", "target": idx, "check": check, "reference": reference,
-                        "selected": _short(sel_str), "score": float(s), **extra})
+                        "selected": _short(sel_str), "score": None if s is None else float(s), **extra})
 
     if "exact_match" in rc:
         s = exact_match(rc["exact_match"], sel_str)
         row("exact_match", rc["exact_match"], s)
-        score *= s
+        score = mul(score, s)
     if "must_include" in rc:
         for item in rc["must_include"]:
             hit = must_include_any(item, sel_str)
             row("must_include", item, hit)
-            score *= hit
+            score = mul(score, hit)
     if "must_exclude" in rc:
         for item in rc["must_exclude"]:
             ok = must_exclude(item, sel_str)
             row("must_exclude", item, ok)
-            score *= ok
+            score = mul(score, ok)
     if "required_values" in rc:
         s = required_values_match(rc["required_values"], selected)
         row("required_values", rc["required_values"], s)
-        score *= s
+        score = mul(score, s)
     if "fuzzy_match" in rc:
         s, extra = await _fuzzy(rc["fuzzy_match"], sel_str, intent, judge)
         row("fuzzy_match", rc["fuzzy_match"], s, **extra)
-        score *= s
+        score = mul(score, s)
     return score, details
 
 
 async def evaluate_program_html(task: dict, page, helpers: dict | None = None, judge=None, final_url: str | None = None,
-                                nav_timeout_ms: int = 30000, settle_timeout_ms: int = 3000) -> tuple[float, list[dict]]:
+                                nav_timeout_ms: int = 30000, settle_timeout_ms: int = 3000) -> tuple[Score, list[dict]]:
     helpers = default_helpers() | (helpers or {})
     final_url = page.url if final_url is None else final_url
     targets = list(enumerate(task["eval"]["program_html"]))
     # Targets on the agent's own page ("last") first, before any other target navigates the page away.
     targets.sort(key=lambda it: it[1]["url"] != "last")
-    score, rows = 1.0, {}
+    score: Score = 1.0
+    rows: dict[int, list[dict]] = {}
     for idx, target in targets:
         url = target["url"]
         if url.startswith("func:"):
@@ -554,7 +704,7 @@ async def evaluate_program_html(task: dict, page, helpers: dict | None = None, j
             selected = html_lib.unescape(selected)
         s, det = await _apply_required_contents(target["required_contents"], selected, task.get("intent", ""), judge, idx)
         rows[idx] = [{**head, "score": s}] + det
-        score *= s
+        score = mul(score, s)
     return score, [r for idx in sorted(rows) for r in rows[idx]]
 
 
@@ -563,9 +713,12 @@ async def evaluate_task(task: dict, page, answer: str | None, helpers: dict | No
     """Score a finished episode: the product over ``task['eval']['eval_types']``. ``page`` is the final active
     Playwright (async) page, needed by url_match and program_html; ``answer`` is the STOP action's answer (None if the
     agent never stopped, scored as ""). ``helpers`` maps ``func:`` names to callables (sync or async) and extends
-    :func:`default_helpers` (pass ``webarena_site_helpers(urls)`` for shopping_get_latest_order_url); ``judge`` is an :class:`LLMJudge` (or anything with async ``fuzzy_match`` and
-    ``ua_match``), None for the deterministic fallback. ``urls`` ({site: base URL}) substitutes __SHOPPING__-style
-    placeholders first; a placeholder left in a reference URL is an error, never a silent 0."""
+    :func:`default_helpers` (pass ``webarena_site_helpers(urls)`` for shopping_get_latest_order_url). ``judge``
+    scores fuzzy_match and the N/A reason check: an :class:`LLMJudge`, a :class:`FallbackJudge` (``eval.judge:
+    none``) or anything with async ``fuzzy_match(intent, reference_items, pred)`` and ``ua_match(intent, reason,
+    pred)`` returning (score, reply); see :func:`judge_from_settings`. Without one (None) those checks are unscored
+    and so is the task (score None), unless another check scored 0. ``urls`` ({site: base URL}) substitutes
+    __SHOPPING__-style placeholders first; a placeholder left in a reference URL is an error, never a silent 0."""
     if urls:
         task = substitute_placeholders(task, urls)
     ev = task["eval"]
@@ -573,7 +726,8 @@ async def evaluate_task(task: dict, page, answer: str | None, helpers: dict | No
         raise ValueError(f"task {task.get('task_id')!r}: eval.reference_url {ev['reference_url']!r} holds a site "
                          f"placeholder; pass urls= or substitute the task first")
     final_url = page.url if page is not None else None
-    score, details = 1.0, []
+    score: Score = 1.0
+    details: list[dict] = []
     for etype in ev["eval_types"]:
         if etype == "string_match":
             s, d = await evaluate_string_match(task, answer, judge)
@@ -589,6 +743,6 @@ async def evaluate_task(task: dict, page, answer: str | None, helpers: dict | No
             raise ValueError(f"task {task.get('task_id')!r}: field 'eval.eval_types': unknown eval type {etype!r}; "
                              f"allowed: ['string_match', 'url_match', 'program_html']")
         details += d
-        details.append({"evaluator": etype, "check": "total", "score": float(s)})
-        score *= s
-    return EvalResult(score=float(score), details=details)
+        details.append({"evaluator": etype, "check": "total", "score": None if s is None else float(s)})
+        score = mul(score, s)
+    return EvalResult(score=None if score is None else float(score), details=details)

@@ -23,7 +23,10 @@ loop of ``test``, which stops with ``create_stop_action(f"Early stop: {stop_info
   ``info["error"]`` set; ``Go backward`` leaves it. A start URL that does not load still fails ``reset`` (an
   episode that cannot start is an infrastructure error: the rollout engine retries it, then records it);
 * a dead page/browser raises ``EnvCrash`` (the rollout engine restarts the browser and retries the episode);
-* every step reports ``action_s`` (executing the action) and ``obs_s`` (settling + extracting the observation).
+* every step reports ``action_s`` (executing the action) and ``obs_s`` (settling + extracting the observation);
+* ``evaluate()`` scores the final state with the site hook or the WebArena evaluators and the env's ``judge``
+  (``eval.judge``); it returns None -- unscored, neither solved nor failed -- for a task that needs an LLM judge
+  when the env has none.
 """
 
 from __future__ import annotations
@@ -48,6 +51,10 @@ def split_start_urls(start_url: str) -> list[str]:
 
 class WebEnv:
     def __init__(self, pool: BrowserPool, cfg, hooks: SiteHooks | None = None, slot: int = 0, judge=None) -> None:
+        """``judge`` scores the checks VAB gives its LLM judge (fuzzy_match, the N/A reason check):
+        ``evaluators.judge_from_settings(settings)`` makes it from ``eval.judge`` (an ``LLMJudge``, the
+        ``FallbackJudge`` for "none", or None). With None, a task that needs a judge is unscored:
+        ``evaluate()`` returns None."""
         self.pool, self.cfg, self.slot, self.judge = pool, cfg, slot, judge
         self.hooks = hooks or NoHooks()
         self.context = None
@@ -75,6 +82,7 @@ class WebEnv:
         self.last_obs: Observation | None = None
         self.last_good_url: str | None = None  # the last observed URL that was not an error page
         self.site_state: dict = {}
+        self.last_eval = None  # the EvalResult of the last evaluate() (score and one detail row per check)
 
     # ------------------------------------------------------------------ lifecycle
     async def close(self) -> None:
@@ -444,18 +452,26 @@ class WebEnv:
         return obs
 
     # ------------------------------------------------------------------ scoring
-    async def evaluate(self) -> float:
-        """The task's ground-truth score on the final page state (site hook, else the WebArena evaluators)."""
+    async def evaluate(self) -> float | None:
+        """The task's ground-truth score on the final page state (site hook, else the WebArena evaluators), or
+        None when it is unscored: the task needs an LLM judge (fuzzy_match, the N/A reason check), this env has
+        none (``judge=None``: ``eval.judge`` is empty) and no other check scored 0. ``last_eval`` keeps the
+        ``EvalResult`` with one detail row per check (who judged, the judge's reply, why a check is unscored)."""
+        from webrl_core.env.evaluators import EvalResult, evaluate_task
+
         hook = getattr(self.hooks, "evaluate_episode", None)
+        self.last_eval = None
         try:
             if hook is not None:
                 score = await hook(self.page, self.task, self.answer)
                 if score is not None:
+                    self.last_eval = EvalResult(float(score), [{"evaluator": "site", "check": "evaluate_episode",
+                                                                "score": float(score)}])
                     return float(score)
-            from webrl_core.env.evaluators import evaluate_task
             result = await evaluate_task(self.task, self.page, self.answer, helpers=self.hooks.eval_helpers(),
                                          judge=self.judge)
-            return float(result.score)
+            self.last_eval = result
+            return result.score
         except Exception as e:
             if is_crash(e):
                 raise EnvCrash(f"evaluate: {e}") from e

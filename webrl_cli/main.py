@@ -68,6 +68,7 @@ _GROUPS = [
     ("tasks", "webrl_cli.tasks_cmd", "Task sets: WebArena-Lite export, embedded families, test set."),
     ("sites", "webrl_cli.sites_cmd", "The embedded WebArena-style sites: serve, oracle checks, observation sizes."),
     ("serve", "webrl_cli.serve_cmd", "Start local servers (MLflow UI, Prefect server + worker)."),
+    ("webarena", "webrl_cli.webarena_cmd", "Real WebArena sites: log in and save the storage states."),
 ]
 
 for _name, _mod, _help in _GROUPS:

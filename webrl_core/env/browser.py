@@ -26,8 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
+import shlex
+import signal
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -196,20 +200,108 @@ class NoHooks:
         return {}
 
 
+# ---------------------------------------------------------------------------------------------- storage states
+# WebArena names them <site>_state.json, and <a>.<b>_state.json (sites sorted) for multi-site tasks;
+# ``webrl webarena login`` (env/webarena_login.py) writes them.
+
+def state_file_name(sites: Iterable[str]) -> str:
+    """WebArena's file name: ``shopping_state.json``, ``gitlab.reddit_state.json`` (sites sorted)."""
+    return ".".join(sorted(sites)) + "_state.json"
+
+
+def sites_of_state_file(name: str, known: Iterable[str] = WEBARENA_PLACEHOLDERS) -> list[str] | None:
+    """The sites a state file name stands for (``gitlab.reddit_state.json`` -> [gitlab, reddit]); None when the
+    name is not ``<site>[.<site>...]_state.json`` of ``known`` sites."""
+    name = Path(name).name
+    if not name.endswith("_state.json"):
+        return None
+    sites = name[: -len("_state.json")].split(".")
+    return sites if sites and all(s in known for s in sites) else None
+
+
+class StateCollision(ValueError):
+    """Two storage states set the same cookie (name, domain, path): merged, one site's login would be lost."""
+
+
+def merge_states(states: list[dict], names: list[str] | None = None) -> dict:
+    """One storage state holding the cookies and local storage of all ``states``; ``StateCollision`` when two
+    set the same cookie with different values (``names`` label them in the message)."""
+    names = names or [f"state {i}" for i in range(len(states))]
+    cookies: dict[tuple, tuple[str, dict]] = {}
+    origins: dict[str, dict[str, str]] = {}
+    for name, st in zip(names, states):
+        for c in st.get("cookies", []):
+            key = (c.get("name"), c.get("domain"), c.get("path", "/"))
+            if key in cookies and cookies[key][1].get("value") != c.get("value"):
+                raise StateCollision(f"cookie {key[0]!r} of {key[1]}{key[2]} is set by both {cookies[key][0]} "
+                                     f"and {name} (sites on one host share cookies)")
+            cookies[key] = (name, c)
+        for o in st.get("origins", []):
+            ls = origins.setdefault(o["origin"], {})
+            ls.update({i["name"]: i["value"] for i in o.get("localStorage", [])})
+    return {"cookies": [c for _, c in cookies.values()],
+            "origins": [{"origin": o, "localStorage": [{"name": k, "value": v} for k, v in ls.items()]}
+                        for o, ls in origins.items()]}
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> Path:
+    """Write JSON to a temporary file next to ``path`` and rename it over ``path`` (readers never see half)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+        os.chmod(tmp, 0o600)  # session cookies
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def combined_state(auth_dir: str | Path, sites: list[str]) -> Path | None:
+    """``<auth_dir>/<a>.<b>_state.json`` merged from the per-site files (rewritten when one of them is newer);
+    None when a per-site file is missing. ``StateCollision`` when their cookies collide."""
+    auth_dir = Path(auth_dir)
+    parts = [auth_dir / state_file_name([s]) for s in sites]
+    if not all(p.is_file() for p in parts):
+        return None
+    out = auth_dir / state_file_name(sites)
+    if out.is_file() and out.stat().st_mtime >= max(p.stat().st_mtime for p in parts):
+        return out
+    merged = merge_states([json.loads(p.read_text()) for p in parts], [p.name for p in parts])
+    return write_json_atomic(out, merged)
+
+
 class WebArenaHooks:
     """Real WebArena sites from a ``{site: base_url}`` dict; logins come from storage_state files.
 
     A task's ``storage_state`` (``./.auth/shopping_state.json`` in the official configs) is looked up as given,
-    then by file name inside ``auth_dir``. A missing file for a task with ``require_login`` is an error that
-    names the file, because an anonymous session silently scores lower (webagents-step#2).
+    then by file name inside ``auth_dir``. A combined state (``gitlab.reddit_state.json``) that is missing, or
+    older than its per-site files, is merged from ``<auth_dir>/<site>_state.json`` (``webrl webarena login``
+    writes those). A missing file for a task with ``require_login`` is an error that names the file, because an
+    anonymous session silently scores lower (webagents-step#2).
+
+    Resets: before a task with ``require_reset``, ``prepare_context`` runs ``reset_command`` (``sites.reset_command``)
+    through the shell, ``{sites}`` replaced by the task's sites (comma-separated) and ``{task_id}`` by its id (also
+    in the environment as WEBRL_TASK_SITES / WEBRL_TASK_ID); resets run one at a time. A non-zero exit or a run
+    over ``reset_timeout`` s fails the episode with the command and the tail of its output. Without a command such
+    tasks run on the sites as they are, with one warning per hooks object.
     """
 
-    def __init__(self, urls: dict[str, str], auth_dir: str | os.PathLike = ".auth") -> None:
+    def __init__(self, urls: dict[str, str], auth_dir: str | os.PathLike = ".auth",
+                 reset_command: str | None = None, reset_timeout: float = 900.0) -> None:
         bad = sorted(set(urls) - set(WEBARENA_PLACEHOLDERS))
         if bad:
             raise ValueError(f"unknown WebArena site(s) {bad}; allowed: {sorted(WEBARENA_PLACEHOLDERS)}")
         self.urls = {k: v.rstrip("/") for k, v in urls.items()}
         self.auth_dir = Path(auth_dir)
+        self.reset_command = (reset_command or "").strip() or None
+        self.reset_timeout = reset_timeout
+        self.resets = 0  # reset commands run (successfully) by this object
+        self._warned_no_reset = False
+        self._reset_lock: tuple[Any, asyncio.Lock] | None = None
 
     def url_map(self) -> dict[str, str]:
         return {WEBARENA_PLACEHOLDERS[s]: u for s, u in self.urls.items()}
@@ -219,8 +311,20 @@ class WebArenaHooks:
 
     def storage_state_for(self, task: dict) -> str | None:
         ref = task.get("storage_state")
+        if not ref and task.get("require_login", True):
+            # a task without the field (one generated by the curriculum, an embedded one): WebArena's file for
+            # its sites that have a login
+            from webrl_core.env.webarena_login import LOGIN_SITES
+
+            logins = [s for s in task.get("sites") or [] if s in LOGIN_SITES]
+            ref = f"./.auth/{state_file_name(logins)}" if logins else None
         if not ref:
             return None
+        combo = sites_of_state_file(ref)
+        if combo and len(combo) > 1:
+            merged = combined_state(self.auth_dir, combo)  # re-merged when a per-site file is newer
+            if merged is not None:
+                return str(merged)
         for cand in (Path(ref), self.auth_dir / Path(ref).name):
             if cand.is_file():
                 json.loads(cand.read_text())  # a corrupt file fails here, with its name in the traceback
@@ -228,11 +332,60 @@ class WebArenaHooks:
         if task.get("require_login", True):
             raise FileNotFoundError(
                 f"task {task.get('task_id')}: storage_state {ref!r} not found (also looked in {self.auth_dir}/); "
-                f"log in to the sites and save the states first")
+                f"log in to the sites and save the states first (`webrl webarena login`)")
         return None
 
     async def prepare_context(self, context, task: dict, episode_id: str) -> None:
-        return None  # the storage_state file already holds the login
+        # the storage_state file already holds the login
+        if task.get("require_reset"):
+            await self.reset_sites(task)
+
+    def reset_command_for(self, task: dict) -> str:
+        """``reset_command`` with ``{sites}`` and ``{task_id}`` filled in (shell-quoted)."""
+        sites = ",".join(task.get("sites") or [])
+        return (self.reset_command or "").replace("{sites}", shlex.quote(sites)).replace(
+            "{task_id}", shlex.quote(str(task.get("task_id", ""))))
+
+    async def reset_sites(self, task: dict) -> None:
+        """Run the reset command for ``task`` (see the class docstring); RuntimeError when it fails."""
+        if not self.reset_command:
+            if not self._warned_no_reset:
+                self._warned_no_reset = True
+                logging.getLogger("webrl.env").warning(
+                    "task %s requires a reset of %s, but sites.reset_command is not set: tasks with require_reset "
+                    "run on the sites as they are (earlier episodes' changes included)",
+                    task.get("task_id"), ",".join(task.get("sites") or []) or "its sites")
+            return
+        loop = asyncio.get_running_loop()
+        if self._reset_lock is None or self._reset_lock[0] is not loop:
+            self._reset_lock = (loop, asyncio.Lock())
+        async with self._reset_lock[1]:
+            await self._run_reset(task)
+
+    async def _run_reset(self, task: dict) -> None:
+        cmd = self.reset_command_for(task)
+        env = dict(os.environ, WEBRL_TASK_ID=str(task.get("task_id", "")),
+                   WEBRL_TASK_SITES=",".join(task.get("sites") or []))
+        proc = await asyncio.create_subprocess_shell(cmd, stdin=asyncio.subprocess.DEVNULL,
+                                                     stdout=asyncio.subprocess.PIPE,
+                                                     stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), self.reset_timeout)
+        except (asyncio.TimeoutError, asyncio.CancelledError) as e:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the shell and whatever it started
+            except ProcessLookupError:
+                pass
+            await proc.wait()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise RuntimeError(f"task {task.get('task_id')}: sites.reset_command timed out after "
+                               f"{self.reset_timeout:g}s: {cmd}") from None
+        if proc.returncode != 0:
+            tail = (err or out).decode("utf-8", "replace").strip()[-1500:]
+            raise RuntimeError(f"task {task.get('task_id')}: sites.reset_command exited with code {proc.returncode}: "
+                               f"{cmd}\n{tail}")
+        self.resets += 1
 
     def eval_helpers(self) -> dict[str, Callable]:
         from webrl_core.env.evaluators import webarena_site_helpers  # func: helpers of WebArena-Lite (REST calls)
@@ -288,8 +441,7 @@ class BrowserPool:
             if b is None or not b.is_connected():
                 if b is not None:
                     self.restarts += 1
-                b = await self._pw.chromium.launch(executable_path=chromium_executable(self.cfg),
-                                                   headless=self.cfg.headless, args=CHROMIUM_ARGS)
+                b = await launch_chromium(self._pw, self.cfg)
                 self._browsers[idx] = b
             return b
 
@@ -326,6 +478,12 @@ class BrowserPool:
 
 HEADLESS_SHELL = "/usr/lib/chromium/chromium-headless-shell"  # the binary itself: /usr/bin's is a wrapper script
 FULL_CHROMIUM = "/usr/bin/chromium"
+
+
+async def launch_chromium(playwright, cfg):
+    """A Chromium browser of ``cfg`` (the env section: ``chromium_path``, ``headless``) from an async Playwright."""
+    return await playwright.chromium.launch(executable_path=chromium_executable(cfg), headless=cfg.headless,
+                                            args=CHROMIUM_ARGS)
 
 
 def chromium_executable(cfg) -> str:

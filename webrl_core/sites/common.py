@@ -213,5 +213,14 @@ async def favicon(request: Request) -> Response:
     return Response(b"", media_type="image/x-icon")
 
 
+def redirect_to(target: str) -> Handler:
+    """A handler that redirects (303) to ``target``, whose ``{name}``s are filled from the path parameters."""
+
+    async def go(request: Request) -> Response:
+        return site_kit(request).redirect(target.format(**request.path_params))
+
+    return go
+
+
 STATIC_ROUTES = [Route("/static/style.css", stylesheet), Route("/favicon.ico", favicon)]
 LOGIN_ROUTES = [Route("/login", login, methods=["GET", "POST"]), Route("/logout", logout, methods=["GET", "POST"])]

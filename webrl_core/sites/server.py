@@ -38,10 +38,12 @@ from typing import Any
 import httpx
 import uvicorn
 from starlette.applications import Starlette
+from starlette.routing import Route
 
 from webrl_core import websites
+from webrl_core.env.webarena_login import WEBARENA_LOGINS
 from webrl_core.sites.common import (EPISODE_COOKIE, HERE, LOGIN_ROUTES, STATIC_ROUTES, EpisodeDBs, SiteApp, SiteKit,
-                                     sign)
+                                     login, login_required, redirect_to, sign)
 from webrl_core.sites.data import write_template
 
 SITE_APPS: dict[str, SiteApp] = {site: importlib.import_module(f"webrl_core.sites.{site}").APP
@@ -49,11 +51,29 @@ SITE_APPS: dict[str, SiteApp] = {site: importlib.import_module(f"webrl_core.site
 """site -> how it is served; derived from ``websites.SITES`` (same sites, same order)."""
 
 
+# where WebArena's logged-in check page (webrl_core.env.webarena_login) leads on the embedded site
+WEBARENA_CHECK_TARGETS = {"gitlab": "/", "shopping": "/", "shopping_admin": "/", "reddit": "/user/{username}"}
+
+
+def webarena_routes(site: str) -> list[Route]:
+    """The site's WebArena login page (same form and check as ``/login``) and WebArena's logged-in check page
+    (behind the login; it redirects to a page of the site), so that ``webrl webarena login`` works on the
+    embedded sites as on the real ones. No links lead there: the agent's pages are unchanged."""
+    recipe = WEBARENA_LOGINS.get(site)
+    if recipe is None:
+        return []
+    routes = []
+    if recipe.login_path not in ("", "/", "/login"):
+        routes.append(Route(recipe.login_path, login, methods=["GET", "POST"]))
+    routes.append(Route(recipe.check_path, login_required(redirect_to(WEBARENA_CHECK_TARGETS[site]))))
+    return routes
+
+
 def build_app(site: str, kit: SiteKit) -> Starlette:
-    """The site's app: its stylesheet, its login pages when it has accounts, its own routes; handlers find the
-    kit (and the CSS) on ``app.state``."""
-    login = LOGIN_ROUTES if kit.session_cookie else []
-    app = Starlette(routes=[*STATIC_ROUTES, *login, *SITE_APPS[site].routes])
+    """The site's app: its stylesheet, its login pages when it has accounts (``/login`` and WebArena's), its own
+    routes; handlers find the kit (and the CSS) on ``app.state``."""
+    logins = [*LOGIN_ROUTES, *webarena_routes(site)] if kit.session_cookie else []
+    app = Starlette(routes=[*STATIC_ROUTES, *logins, *SITE_APPS[site].routes])
     app.state.kit = kit
     app.state.css = (HERE / "static" / f"{site}.css").read_text()
     return app

@@ -14,7 +14,8 @@ from webrl_core.sites.server import EmbeddedSites
 def site_session(settings: Any) -> Iterator[Any]:
     """Site hooks for ``settings.sites``: ``mode: webarena`` uses its URLs, ``embedded`` starts the sites."""
     if settings.sites.mode == "webarena":
-        yield WebArenaHooks(settings.sites.urls, auth_dir=settings.sites.auth_dir)
+        yield WebArenaHooks(settings.sites.urls, auth_dir=settings.sites.auth_dir,
+                            reset_command=settings.sites.reset_command)
         return
     sites = EmbeddedSites(data_seed=settings.sites.data_seed, host=settings.sites.host, workers=settings.sites.workers)
     sites.start()

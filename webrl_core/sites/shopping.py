@@ -15,6 +15,7 @@ from starlette.routing import Route
 from webrl_core.sites.common import SiteApp, form_data, int_arg, login_required, site_kit
 
 CUSTOMER = ("emma.lopez@example.com", "Password.123")
+WEBARENA_CUSTOMER = ("emma.lopez@gmail.com", "Password.123")  # WebArena's account (`webrl webarena login`)
 ADDRESS = "6146 Honey Bluff Parkway, Calder, MI 49628"
 
 
@@ -166,4 +167,4 @@ ROUTES = [Route("/", home), Route("/search", search), Route("/category/{slug}", 
           Route("/product/{pid:int}", product), Route("/cart", cart), Route("/cart/add", cart_add, methods=["POST"]),
           Route("/cart/remove", cart_remove, methods=["POST"]), Route("/checkout", checkout, methods=["GET", "POST"]),
           Route("/orders", orders), Route("/order/{number}", order)]
-APP = SiteApp(ROUTES, "shopping_session", dict([CUSTOMER]), "__SHOPPING__")
+APP = SiteApp(ROUTES, "shopping_session", dict([CUSTOMER, WEBARENA_CUSTOMER]), "__SHOPPING__")

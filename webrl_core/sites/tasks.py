@@ -116,8 +116,12 @@ def train_tasks(n: int, seed: int = 0, data_seed: int = 0, families: list[str] |
 
 
 def vary_task(task: dict, rng: random.Random) -> dict:
-    """A new training task of ``task``'s family: another instantiation and/or phrasing, with its own evaluator."""
+    """A new training task of ``task``'s family: another instantiation and/or phrasing, with its own evaluator.
+    A task in strict WebArena-Lite format (no ``family``) is of the family its ``intent_template_id`` encodes."""
     name = task.get("family")
+    if name is None and isinstance(task.get("intent_template_id"), int) and task["intent_template_id"] >= 0:
+        names = list(FAMILIES)
+        name = names[task["intent_template_id"] // 10] if task["intent_template_id"] // 10 < len(names) else None
     if name not in FAMILIES:
         raise ValueError(f"task {task.get('task_id')!r} has family {name!r}; known: {sorted(FAMILIES)}")
     fam = FAMILIES[name]

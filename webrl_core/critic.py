@@ -26,7 +26,14 @@ too-long prompt loses the end of its current HTML, never the assistant header). 
 attention mask, so left padding gives the same values as batch size 1.
 
 Folder format (``save``/``load``): ``backbone/`` (HF ``save_pretrained`` + tokenizer, safetensors),
-``heads.safetensors`` and ``critic.json`` (hidden size, init std, max length).
+``heads.safetensors`` and ``critic.json`` (hidden size, init std, max length). A LoRA critic is saved with its
+adapters merged into ``backbone/`` (the same format, loaded the same way) and the adapters alone in ``adapter/``.
+
+Training (:meth:`Critic.for_training`, called by ``training.train_critic``) follows ``models``: with
+``models.lora.enabled`` the backbone gets LoRA adapters (peft, ``FEATURE_EXTRACTION`` task) and only the adapters
+and the two heads train; otherwise everything trains. Trainable parameters (and the heads) are float32 master
+weights; with ``models.dtype`` bfloat16/float16 the compute runs under the Trainer's autocast, and a LoRA
+backbone's frozen base stays in the low dtype (see ``webrl_core.models``, "Mixed precision").
 """
 
 from __future__ import annotations
@@ -40,11 +47,13 @@ import torch.nn.functional as F
 from rich.progress import track
 from torch import nn
 
-from webrl_core.models import encode_prompt, left_pad, load_tokenizer, resolve_device, torch_dtype
+from webrl_core.models import (apply_lora, count_parameters, enable_checkpointing, encode_prompt, left_pad,
+                               load_tokenizer, resolve_device, torch_dtype, upcast_trainable)
 
 CRITIC_JSON = "critic.json"
 HEADS_FILE = "heads.safetensors"
 BACKBONE_DIR = "backbone"
+ADAPTER_DIR = "adapter"
 
 
 def resolve_dtype(dtype: str | torch.dtype = "float32") -> torch.dtype:
@@ -126,6 +135,31 @@ class Critic(nn.Module):
             critic = cls(backbone, tok, head_init_std, max_length)
         return critic.to(resolve_device(device))
 
+    def for_training(self, models_cfg) -> Critic:
+        """Make this critic trainable as ``models_cfg`` (a ``ModelsConfig``) says, in place: gradient
+        checkpointing; with ``lora.enabled`` LoRA adapters on the backbone (only adapters + heads train, the base
+        stays frozen in the dtype it was loaded in), else every parameter trains; trainable parameters and the
+        heads in float32. Load the critic in ``models.training_dtype(models_cfg)`` first (float32 for full
+        fine-tuning). Returns self."""
+        lora = models_cfg.lora
+        if models_cfg.gradient_checkpointing:
+            enable_checkpointing(self.backbone)
+            if lora.enabled:  # checkpointed blocks over a frozen embedding need inputs that require grad
+                self.backbone.enable_input_require_grads()
+        if lora.enabled and not hasattr(self.backbone, "peft_config"):
+            self.backbone.requires_grad_(False)
+            self.backbone = apply_lora(self.backbone, lora, task_type="FEATURE_EXTRACTION")
+        elif not lora.enabled:
+            self.backbone.requires_grad_(True)
+        self.head1.float().requires_grad_(True)
+        self.head2.float().requires_grad_(True)
+        upcast_trainable(self)
+        return self.train()
+
+    def parameter_counts(self) -> dict[str, int]:
+        """{"trainable_params", "total_params"} of the whole critic (backbone, adapters, heads)."""
+        return count_parameters(self)
+
     def save(self, out_dir: str | Path) -> Path:
         from safetensors.torch import save_file
 
@@ -133,6 +167,7 @@ class Critic(nn.Module):
         out_dir.mkdir(parents=True, exist_ok=True)
         backbone = self.backbone
         if hasattr(backbone, "merge_and_unload"):  # LoRA: save the merged weights, keep the adapters in memory
+            backbone.save_pretrained(out_dir / ADAPTER_DIR, safe_serialization=True)
             backbone = copy.deepcopy(backbone).merge_and_unload()
         backbone.save_pretrained(out_dir / BACKBONE_DIR, safe_serialization=True)
         if self.tokenizer is not None:

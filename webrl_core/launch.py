@@ -20,6 +20,10 @@ optimizer offload to CPU, as the official WebRL run). On a machine without a GPU
 cpu) the ranks use gloo: DDP works as on GPUs, and FSDP is run by telling accelerate the ranks are GPU-like (it
 otherwise refuses FSDP on CPU ranks; torch's FSDP2 itself works on CPU with gloo). DeepSpeed needs GPUs.
 
+Precision: the command passes ``--mixed_precision`` from ``models.dtype`` (float32 -> no, bfloat16 -> bf16,
+float16 -> fp16), overriding the config file's ``mixed_precision: 'no'``: the ranks keep float32 master weights
+and compute in the low dtype, exactly like the in-process Trainer (``training`` module docstring).
+
 Equivalence with in-process training (measured in tests/learn/test_launch.py): N ranks of micro-batch m and
 accumulation g take the same optimizer step as one process with the same global batch (N*m*g samples), because
 each rank's loss is a per-micro-batch mean divided by g and DDP averages the ranks' gradients. Identical data
@@ -166,13 +170,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_command(tc: TrainingConfig, job_file: Path, log_dir: Path | None = None) -> list[str]:
-    """The ``accelerate launch`` command line of a job."""
+MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
+"""``accelerate launch --mixed_precision`` for each ``models.dtype`` (``models.mixed_precision_mode``)."""
+
+
+def mixed_precision_of(settings: dict) -> str | None:
+    """The ``--mixed_precision`` of a job's settings JSON (its ``models.dtype``); None without a models section."""
+    dtype = (settings.get("models") or {}).get("dtype")
+    return MIXED_PRECISION.get(dtype) if dtype else None
+
+
+def launch_command(tc: TrainingConfig, job_file: Path, log_dir: Path | None = None,
+                   mixed_precision: str | None = None) -> list[str]:
+    """The ``accelerate launch`` command line of a job. ``mixed_precision`` ('no', 'bf16', 'fp16'; from
+    ``models.dtype``) overrides the config file's, so the engine (DDP autocast, FSDP2's MixedPrecisionPolicy,
+    DeepSpeed's bf16/fp16 optimizer with float32 masters) always computes in ``models.dtype``, unless
+    ``training.extra_args`` names ``--mixed_precision`` itself."""
     cmd = [tc.python or sys.executable, "-m", "accelerate.commands.launch",
            "--config_file", str(accelerate_config_path(tc.accelerate_config)),
            "--num_processes", str(tc.num_processes)]
-    if not any(a.split("=")[0] == "--main_process_port" for a in tc.extra_args):
+    own = {a.split("=")[0] for a in tc.extra_args}
+    if "--main_process_port" not in own:
         cmd += ["--main_process_port", str(_free_port())]
+    if mixed_precision is not None and "--mixed_precision" not in own:
+        if mixed_precision not in MIXED_PRECISION.values():
+            raise ValueError(f"mixed_precision={mixed_precision!r}; allowed: {sorted(set(MIXED_PRECISION.values()))}")
+        cmd += ["--mixed_precision", mixed_precision]
     cmd += ["--tee", "3"]  # torchrun: every line of rank r on the console as "[default<r>]:..."
     if log_dir is not None:
         cmd += ["--log_dir", str(log_dir)]
@@ -231,7 +254,7 @@ def run_job(kind: str, data: list, args: dict, settings: dict, tc: TrainingConfi
                 job["args"][k] = str(Path(job["args"][k]).resolve())
         job_file = job_dir / "job.json"
         job_file.write_text(json.dumps(job))
-        cmd = launch_command(tc, job_file, job_dir / "logs")
+        cmd = launch_command(tc, job_file, job_dir / "logs", mixed_precision_of(settings))
         log(f"launch {kind}: {' '.join(cmd)}")
         tails: dict[int | None, deque] = {}
         t0 = time.perf_counter()

@@ -21,10 +21,28 @@ Contract:
   ``AutoModelForCausalLM.from_pretrained`` and vLLM load.
 - ``save_model`` always writes a plain full-weights HF folder at ``out_dir``; with LoRA the adapter goes to
   ``out_dir/adapter`` and ``out_dir`` holds the merged weights, so every consumer loads ``out_dir`` the same way.
+
+Mixed precision (``models.dtype`` bfloat16 / float16; :func:`training_dtype`, :func:`trainer_precision_args`):
+
+- A model loaded for TRAINING keeps its trainable parameters in float32 (the master weights AdamW updates) and
+  runs its compute in the low dtype under autocast (``TrainingArguments`` ``bf16=True`` / ``fp16=True``; on CPU
+  accelerate uses ``torch.autocast("cpu", bfloat16)``). Pure low-precision AdamW does not train at small learning
+  rates: one bf16 weight of magnitude 0.02 has a spacing of 1.2e-4, so every update of lr 1e-6 rounds back to the
+  old value (``tests/learn/test_mixed_precision.py`` measures it).
+- Full fine-tuning: the whole model is float32 (4 B/param weights + 4 grads + 8 Adam, plus the transient bf16
+  copies autocast makes); ``save_model`` then writes the float32 master weights, so the next phase starts from
+  exactly what this one ended with (a bf16 folder would round a phase's update away wherever it is below half a
+  bf16 spacing). Loads for inference cast to ``models.dtype`` as before.
+- LoRA: the frozen base stays in ``models.dtype`` (the memory win, 2 B/param) and only the adapters are float32
+  (peft's ``autocast_adapter_dtype``); the merged folder is written in the base's dtype.
+- float16 mixed precision needs a GPU (a loss-scaled autocast that accelerate only runs on accelerators): on CPU
+  :func:`trainer_precision_args` raises and asks for bfloat16 or float32 instead of silently training in float32.
+- Frozen models (reference, critic precompute, ORM scoring, serving) are loaded in ``models.dtype``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -55,6 +73,67 @@ def torch_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"models.dtype={name!r} is not one of {sorted(_DTYPES)}")
     return _DTYPES[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# mixed precision (module docstring)
+
+_MIXED = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def mixed_precision_mode(cfg: ModelsConfig) -> str:
+    """accelerate's ``mixed_precision`` for ``models.dtype``: float32 -> 'no', bfloat16 -> 'bf16', float16 -> 'fp16'
+    (what ``launch`` passes to ``accelerate launch --mixed_precision``)."""
+    torch_dtype(cfg.dtype)
+    return _MIXED[cfg.dtype]
+
+
+def training_dtype(cfg: ModelsConfig) -> torch.dtype:
+    """The dtype a model is loaded in for TRAINING: float32 master weights for full fine-tuning; with LoRA the
+    frozen base stays in ``models.dtype`` (the adapters are float32 either way)."""
+    return torch_dtype(cfg.dtype) if cfg.lora.enabled else torch.float32
+
+
+def trainer_precision_args(cfg: ModelsConfig, device: str | torch.device | None = None) -> dict[str, bool]:
+    """``{"bf16": ..., "fp16": ...}`` for ``TrainingArguments``: autocast in ``models.dtype`` over float32 master
+    weights. ``device`` (default: ``cfg.device`` resolved) is where the training runs; float16 on CPU raises."""
+    mode = mixed_precision_mode(cfg)
+    dev = resolve_device(cfg.device) if device is None else torch.device(device)
+    if mode == "fp16" and dev.type == "cpu":
+        raise ValueError("models.dtype=float16: fp16 mixed precision (autocast + loss scaling) needs a GPU, and "
+                         "this training runs on CPU (models.device resolves to cpu). Use models.dtype=bfloat16 "
+                         "(bf16 autocast works on CPU) or float32")
+    return {"bf16": mode == "bf16", "fp16": mode == "fp16"}
+
+
+def autocast_context(cfg: ModelsConfig, device: str | torch.device):
+    """The autocast the Trainer runs the training forward in (``trainer_precision_args``), for passes outside it
+    that must match it (the reference log-probs of the actor before its first update); a no-op for float32."""
+    mode = mixed_precision_mode(cfg)
+    dev = torch.device(device)
+    if mode == "no" or (mode == "fp16" and dev.type == "cpu"):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=dev.type, dtype=torch_dtype(cfg.dtype))
+
+
+def upcast_trainable(model) -> torch.nn.Module:
+    """Trainable parameters to float32 (the master weights); frozen ones keep their dtype."""
+    for p in model.parameters():
+        if p.requires_grad and p.is_floating_point() and p.dtype != torch.float32:
+            p.data = p.data.float()
+    return model
+
+
+def count_parameters(model) -> dict[str, int]:
+    """{"trainable_params": ..., "total_params": ...} (shared tensors counted once)."""
+    seen, total, trainable = set(), 0, 0
+    for p in model.parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        total += p.numel()
+        trainable += p.numel() if p.requires_grad else 0
+    return {"trainable_params": trainable, "total_params": total}
 
 
 class ModelFolderError(ValueError):
@@ -178,13 +257,16 @@ def load_tokenizer(path: str | os.PathLike):
 
 
 def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool = False):
-    """A causal LM in ``cfg.dtype`` on ``cfg.device``; trainable -> train mode, gradient checkpointing and LoRA by
-    config; frozen -> eval mode with ``requires_grad=False``."""
+    """A causal LM on ``cfg.device``. Frozen (default): in ``cfg.dtype``, eval mode, ``requires_grad=False``.
+    Trainable: train mode, gradient checkpointing and LoRA by config, loaded in :func:`training_dtype` -- float32
+    master weights for full fine-tuning (compute in ``cfg.dtype`` comes from the Trainer's autocast,
+    :func:`trainer_precision_args`), or with LoRA the frozen base in ``cfg.dtype`` and float32 adapters."""
     from transformers import AutoModelForCausalLM
 
     p = _check_folder(path, "model")
+    dtype = training_dtype(cfg) if trainable else torch_dtype(cfg.dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=torch_dtype(cfg.dtype))
+        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype)
     except Exception as e:  # a broken folder surfaces as OSError, ValueError, SafetensorError, ...: name it
         if isinstance(e, (MemoryError, KeyboardInterrupt)) or type(e).__name__ == "OutOfMemoryError":
             raise
@@ -195,27 +277,35 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
         return model
     model.train()
     if cfg.gradient_checkpointing:
-        # transformers 5 renamed it (the old name warns); keep both for older versions
-        if hasattr(model, "activation_checkpointing_enable"):
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        enable_checkpointing(model)
     if cfg.lora.enabled:
         if cfg.gradient_checkpointing:  # inputs must require grad for checkpointed frozen embeddings
             model.enable_input_require_grads()
         model = apply_lora(model, cfg.lora)
-    return model
+    return upcast_trainable(model)
 
 
-def apply_lora(model, lora: LoraConfig):
-    """Wrap ``model`` in a peft LoRA adapter (only the adapter weights train)."""
+def enable_checkpointing(model) -> None:
+    """Gradient (activation) checkpointing, non-reentrant; ``use_cache`` off."""
+    # transformers 5 renamed it (the old name warns); keep both for older versions
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
+def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM"):
+    """Wrap ``model`` in a peft LoRA adapter (only the adapter weights train; they are float32 even on a bf16/fp16
+    base). ``task_type``: "CAUSAL_LM" for a causal LM, "FEATURE_EXTRACTION" for a bare decoder (the critic's
+    backbone). A fresh adapter starts with ``lora_B = 0``, so the wrapped model computes exactly what ``model``
+    did: trained on a merged folder (``save_model``), it starts as that folder's model."""
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
     pcfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                          target_modules=lora.target_modules, task_type="CAUSAL_LM")
-    return get_peft_model(model, pcfg)
+                          target_modules=lora.target_modules, task_type=task_type)
+    return upcast_trainable(get_peft_model(model, pcfg, autocast_adapter_dtype=True))
 
 
 def unwrap(model):
@@ -415,7 +505,9 @@ def n_params(model) -> int:
 
 def save_model(model, tokenizer, out_dir: str | os.PathLike, merge_lora: bool = True) -> Path:
     """HF folder (safetensors) + tokenizer. A peft model: adapter in ``out_dir/adapter`` and, with merge_lora,
-    the merged full weights in ``out_dir`` (merged on a copy, so training can go on)."""
+    the merged full weights in ``out_dir`` (merged on a copy, so training can go on), in the base's dtype.
+    Weights are written in the dtype they have: a mixed-precision full fine-tune writes its float32 master
+    weights (module docstring)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     if hasattr(model, "peft_config"):

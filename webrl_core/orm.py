@@ -1,7 +1,8 @@
 """The outcome reward model (ORM): a causal LM that answers YES or NO (the WebRL paper's outcome-supervised reward
 model, arXiv 2411.02337).
 
-Input: exactly ``prompts.build_orm_prompt(intent, responses, final_html, max_html_chars)`` -- the HTML is cut to the
+Input: exactly ``prompts.build_orm_prompt(intent, responses, final_html, max_html_chars, compat=...)`` (``compat``:
+"webrl", our wording, or "official", the released WebRL ORM's exact input) -- the HTML is cut to the
 character budget and, if the token count still exceeds ``models.max_length``, the end of the HTML is cut again at
 token level (``models.encode_prompt``); the question and the closing assistant header are never cut. ``final_html``
 is the observation of the last step (the page on which the agent issued its last action), as in the official code.
@@ -31,8 +32,8 @@ import torch
 
 from webrl_core.config import ModelsConfig, OrmConfig
 from webrl_core.models import (encode_prompt, encode_prompt_action, head_logits, last_hidden_states, left_pad,
-                               load_causal_lm, load_tokenizer, resolve_device, save_model)
-from webrl_core.prompts import build_orm_prompt
+                               load_causal_lm, load_tokenizer, resolve_device, save_model, trainer_precision_args)
+from webrl_core.prompts import build_orm_prompt, check_compat
 
 
 def orm_decision(yes_logit: float, no_logit: float, threshold: float = 0.5) -> tuple[float, bool]:
@@ -53,13 +54,16 @@ def answer_token_ids(tok) -> tuple[int, int]:
     return ids[0], ids[1]
 
 
-def orm_prompt_for_episode(episode: Mapping, steps: Sequence[Mapping], max_html_chars: int = 12000) -> str:
-    """The ORM prompt of one stored episode (steps in idx order; final HTML = the last step's observation)."""
+def orm_prompt_for_episode(episode: Mapping, steps: Sequence[Mapping], max_html_chars: int = 12000, *,
+                           compat: str = "webrl") -> str:
+    """The ORM prompt of one stored episode (steps in idx order; final HTML = the last step's observation);
+    ``compat``: the prompt format, "webrl" or "official" (the released ORM's input, ``webrl_core.prompts``)."""
+    check_compat(compat)
     if not steps:
         raise ValueError(f"episode {episode.get('episode_id')!r} has no steps; the ORM needs at least one")
     ordered = sorted(steps, key=lambda s: s["idx"])
     return build_orm_prompt(episode["intent"], [s["response"] for s in ordered], ordered[-1]["html"] or "",
-                            max_html_chars)
+                            max_html_chars, compat=compat)
 
 
 class OrmScorer:
@@ -102,17 +106,18 @@ class OrmScorer:
 
 def orm_examples_from_episodes(episodes: Sequence[Mapping], steps_by_episode: Mapping[str, Sequence[Mapping]],
                                labels: Mapping[str, bool] | Sequence[bool],
-                               max_html_chars: int = 12000) -> list[dict]:
+                               max_html_chars: int = 12000, *, compat: str = "webrl") -> list[dict]:
     """(prompt, "YES"/"NO") pairs; labels by episode_id (a mapping) or aligned with ``episodes`` (a sequence).
-    Episodes without steps or without a label are skipped."""
+    Episodes without steps or without a label are skipped. ``compat``: the prompt format ("webrl"/"official")."""
+    check_compat(compat)
     out = []
     for i, ep in enumerate(episodes):
         label = labels.get(ep["episode_id"]) if isinstance(labels, Mapping) else labels[i]
         steps = steps_by_episode.get(ep["episode_id"]) or []
         if label is None or not steps:
             continue
-        out.append({"episode_id": ep["episode_id"], "prompt": orm_prompt_for_episode(ep, steps, max_html_chars),
-                    "completion": "YES" if bool(label) else "NO"})
+        prompt = orm_prompt_for_episode(ep, steps, max_html_chars, compat=compat)
+        out.append({"episode_id": ep["episode_id"], "prompt": prompt, "completion": "YES" if bool(label) else "NO"})
     return out
 
 
@@ -156,7 +161,7 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
         per_device_train_batch_size=cfg.batch_size, lr_scheduler_type="cosine", warmup_steps=0.1,
         logging_steps=10, save_strategy="no", report_to="none", seed=seed, completion_only_loss=True,
         max_length=models_cfg.max_length, gradient_checkpointing=models_cfg.gradient_checkpointing,
-        use_cpu=device.type == "cpu", bf16=models_cfg.dtype == "bfloat16" and device.type == "cuda",
+        use_cpu=device.type == "cpu", **trainer_precision_args(models_cfg, device),
         disable_tqdm=True)  # progress: rich (progress_callbacks), as everywhere else
     trainer = SFTTrainer(model=model, args=args, train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
                          processing_class=tok, callbacks=progress_callbacks())

@@ -42,6 +42,21 @@ The precompute is split across the processes and gathered (``accelerate.PartialS
 Defaults follow the paper (constant LR, 1 epoch, grad clip 1.0, AdamW weight decay 0.01); only the LR of the tiny
 embedded model is larger (``ActorTrainConfig.lr``) because 1e-6 does not move a 1-10M-parameter model in one epoch.
 
+Precision (every trainer: SFT, actor, critic, and the ORM via ``models``): with ``models.dtype`` bfloat16/float16
+the trained model holds float32 master weights (``models.training_dtype``; with LoRA only the adapters and the
+critic's heads, over a frozen base in the low dtype) and the Trainer runs forward and backward under autocast in
+the low dtype (``models.trainer_precision_args``: ``bf16``/``fp16`` in the ``TrainingArguments``; fp16 needs a
+GPU). Under ``accelerate launch`` the launcher passes the matching ``--mixed_precision`` (FSDP2: bf16 param/reduce
+policy over float32 sharded masters; DeepSpeed: its bf16/fp16 optimizer with float32 masters). Frozen passes run
+in ``models.dtype`` (the critic precompute) or in the training autocast (the reference log-probs, so that
+log_ratio is exactly 0 before the first update). Memory for an 8B actor + critic: ``webrl bench memory``.
+
+Reference policy with LoRA: ``train_actor`` loads the phase-start actor folder (a previous phase's ``save_model``
+output, which holds the MERGED weights) and puts a FRESH adapter on it. peft initialises ``lora_B = 0``, so before
+the first update the wrapped model is exactly the phase-start actor, and the reference log-probs are computed from
+it at that moment (``ref_logp``). This equals ``disable_adapter()`` on the trained model only because the previous
+adapters were merged into the folder; an unmerged adapter chain would make "adapter off" an older policy.
+
 Settings: the config sections (``webrl_core.config``: ``actor``, ``critic``, ``bootstrap``) are the only definition;
 ``WebRLConfig``, the actor Trainer's arguments, takes its loss fields from ``ActorTrainConfig`` and is built from
 the settings by ``WebRLConfig.from_settings``. Progress: rich, for our loops (``rich.progress``) and for the
@@ -63,8 +78,8 @@ from transformers import Trainer, TrainingArguments, set_seed
 from webrl_core import advantage as adv_mod
 from webrl_core.config import ActorTrainConfig
 from webrl_core.critic import Critic, critic_examples, critic_loss
-from webrl_core.models import (encode_prompt_action, left_pad, load_causal_lm, load_tokenizer, resolve_device,
-                               save_model)
+from webrl_core.models import (autocast_context, count_parameters, encode_prompt_action, left_pad, load_causal_lm,
+                               load_tokenizer, resolve_device, save_model, trainer_precision_args, training_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +143,9 @@ def fit(trainer: Trainer):
 def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_size: int, grad_accum: int,
                   max_grad_norm: float, max_steps: int | None, scheduler: str = "constant", warmup: float = 0,
                   **extra):
-    use_cpu = resolve_device(settings.models.device).type == "cpu"
+    device = resolve_device(settings.models.device)
+    use_cpu = device.type == "cpu"
+    extra = {**trainer_precision_args(settings.models, device), **extra}  # autocast over float32 master weights
     return cls(output_dir=str(out_dir / "trainer"), per_device_train_batch_size=batch_size,
                gradient_accumulation_steps=grad_accum, learning_rate=lr, num_train_epochs=epochs,
                max_steps=max_steps if max_steps else -1, lr_scheduler_type=scheduler, warmup_steps=warmup,
@@ -442,7 +459,12 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     """One actor epoch of WebRL on step samples (transitions.py); saves an HF folder at ``out_dir``.
 
     ``critic_dir`` is required for the KL losses; with ``actor.kl=False`` and no critic, the successful
-    trajectories' steps are used (filtered BC). Returns timings and statistics."""
+    trajectories' steps are used (filtered BC). Returns timings and statistics (with the trainable and total
+    parameter counts).
+
+    The KL reference is the phase-start actor ``actor_dir``: its log-probs are computed by the freshly loaded model
+    before the first update (with LoRA: a fresh, zero-initialised adapter on the merged ``actor_dir`` weights, so
+    the model is exactly ``actor_dir``'s; see the module docstring), in the training forward's autocast."""
     _check_samples(samples)
     out_dir = Path(out_dir)
     cfg = WebRLConfig.from_settings(settings, out_dir, max_steps)
@@ -473,9 +495,12 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
     t1 = time.perf_counter()
     micro = cfg.per_device_train_batch_size  # actor_micro_batches, resolved once in WebRLConfig.from_settings
-    ref_logp = torch.tensor(_dist_map(lambda r: sequence_logprobs(model, r, tok.pad_token_id, micro,
-                                                                  progress).tolist(),
-                                      rows)) if rows else torch.zeros(0)
+
+    def ref_pass(r):  # in the training forward's autocast, so log_ratio is 0 before the first update
+        with autocast_context(models_cfg, next(model.parameters()).device):
+            return sequence_logprobs(model, r, tok.pad_token_id, micro, progress).tolist()
+
+    ref_logp = torch.tensor(_dist_map(ref_pass, rows)) if rows else torch.zeros(0)
     t_ref = time.perf_counter() - t1
     n_tok = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
     adv_k, mask_k = adv[keep], mask[keep]
@@ -491,7 +516,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     stats = {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
              "critic_s": round(t_critic, 3), "ref_s": round(t_ref, 3),
              "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": float(ref_prob.mean()) if len(rows) else 0.0,
-             "loss_mode": cfg.loss if cfg.kl else "sft"}
+             "loss_mode": cfg.loss if cfg.kl else "sft", **count_parameters(model)}
     if not rows:
         if _is_main_process():
             save_model(model, tok, out_dir)
@@ -561,24 +586,28 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
         if miss:
             raise ValueError(f"critic sample {i}: missing field(s) {miss}")
     out_dir = Path(out_dir)
-    c = settings.critic
-    device = _process_device(settings)
-    if resume:
-        critic = Critic.load(resume, dtype=settings.models.dtype, device=device, max_length=settings.models.max_length)
-    else:
-        critic = Critic.from_backbone(backbone_dir, c.head_init_std, settings.models.max_length,
-                                      settings.models.dtype, device, seed=settings.run.seed)
-    if settings.models.gradient_checkpointing:
-        critic.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    critic.train()
+    c, models_cfg = settings.critic, settings.models
+    args = _trainer_args(TrainingArguments, out_dir, settings, c.lr, c.epochs, c.batch_size, c.grad_accum,
+                         c.max_grad_norm, max_steps)
+    load_dtype = training_dtype(models_cfg)  # float32 master weights, or a LoRA's frozen base in models.dtype
+
+    def build(device):
+        if resume:
+            critic = Critic.load(resume, dtype=load_dtype, device=device, max_length=models_cfg.max_length)
+        else:
+            critic = Critic.from_backbone(backbone_dir, c.head_init_std, models_cfg.max_length, load_dtype, device,
+                                          seed=settings.run.seed)
+        set_seed(settings.run.seed)  # LoRA adapter init draws from the global RNG: the same on every rank
+        return critic.for_training(models_cfg)
+
+    critic = build(_process_device(settings))
     critic._no_split_modules = getattr(critic.backbone, "_no_split_modules", None)  # FSDP wraps the decoder layers
+    counts = critic.parameter_counts()  # LoRA: adapters + heads; full fine-tuning: everything
     examples = critic_examples(samples)
     ids = critic.encode([e["prompt"] for e in examples])
     rows = [{"input_ids": x, "label": e["label"], "weight": e["weight"], "length": len(x)} for x, e in zip(ids, examples)]
     from datasets import Dataset
 
-    args = _trainer_args(TrainingArguments, out_dir, settings, c.lr, c.epochs, c.batch_size, c.grad_accum,
-                         c.max_grad_norm, max_steps)
     trainer = CriticTrainer(model=critic, args=args, train_dataset=Dataset.from_list(rows),
                             data_collator=CriticCollator(critic.tokenizer.pad_token_id),
                             callbacks=progress_callbacks())
@@ -586,20 +615,14 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     result = fit(trainer)
     train_s = time.perf_counter() - t0
 
-    def rebuild():
-        if resume:
-            return Critic.load(resume, dtype=settings.models.dtype, device="cpu", max_length=settings.models.max_length)
-        return Critic.from_backbone(backbone_dir, c.head_init_std, settings.models.max_length, settings.models.dtype,
-                                    "cpu", seed=settings.run.seed)
-
-    full = _full_model(trainer, rebuild)
+    full = _full_model(trainer, lambda: build("cpu"))
     if full is not None:
         full.save(out_dir)
     trainer.accelerator.wait_for_everyone()
     labels = [e["label"] for e in examples]
     return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
             "train_s": round(train_s, 3), "train_loss": result.training_loss, "steps": result.global_step,
-            "loss_curve": _loss_curve(trainer)}
+            **counts, "loss_curve": _loss_curve(trainer)}
 
 
 def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str | Path, settings,
@@ -618,22 +641,23 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     if not pairs:
         raise ValueError("sft_train: no (prompt, action) pairs")
     a, boot = settings.actor, settings.bootstrap
-    tok = load_tokenizer(model_dir)
-    set_seed(settings.run.seed)
-    models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
-    model = load_causal_lm(model_dir, models_cfg, trainable=True)
-    rows = []
-    for i, pair in enumerate(pairs):
-        if len(pair) != 2 or not all(isinstance(x, str) for x in pair):
-            raise ValueError(f"sft_train: pair {i} must be (prompt: str, action: str), got {pair!r:.120}")
-        enc = encode_prompt_action(tok, pair[0], pair[1], settings.models.max_length)
-        rows.append({"input_ids": enc["input_ids"], "completion_mask": enc["action_mask"]})
     out_dir = Path(out_dir)
     micro, accum = actor_micro_batches(settings)
     args = _trainer_args(SFTConfig, out_dir, settings, boot.sft_lr, boot.sft_epochs, micro, accum,
                          a.max_grad_norm, max_steps, scheduler="cosine", warmup=0.1,  # the paper's SFT recipe
                          completion_only_loss=boot.sft_loss == "completion", max_length=settings.models.max_length,
                          gradient_checkpointing=settings.models.gradient_checkpointing)
+    tok = load_tokenizer(model_dir)
+    set_seed(settings.run.seed)
+    models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
+    model = load_causal_lm(model_dir, models_cfg, trainable=True)
+    counts = count_parameters(model)
+    rows = []
+    for i, pair in enumerate(pairs):
+        if len(pair) != 2 or not all(isinstance(x, str) for x in pair):
+            raise ValueError(f"sft_train: pair {i} must be (prompt: str, action: str), got {pair!r:.120}")
+        enc = encode_prompt_action(tok, pair[0], pair[1], settings.models.max_length)
+        rows.append({"input_ids": enc["input_ids"], "completion_mask": enc["action_mask"]})
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
                          callbacks=progress_callbacks())
     t0 = time.perf_counter()
@@ -646,7 +670,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     trainer.accelerator.wait_for_everyone()
     return {"n_pairs": len(pairs), "train_s": round(train_s, 3), "train_loss": result.training_loss,
             "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * boot.sft_epochs),
-            "loss_curve": _loss_curve(trainer)}
+            **counts, "loss_curve": _loss_curve(trainer)}
 
 
 __all__ = ["WebRLConfig", "WebRLTrainer", "CriticTrainer", "webrl_actor_loss", "action_logprobs",

@@ -121,3 +121,61 @@ def test_train_save_load_and_learns_success(tiny, tmp_path):
     stats2 = train_critic(samples, tiny["gpt_neox"], tmp_path / "critic2", settings, resume=tmp_path / "critic",
                           max_steps=1)
     assert stats2["steps"] == 1 and (tmp_path / "critic2" / "heads.safetensors").exists()
+
+
+def _lora_models(dtype="float32", r=4, **kw):
+    from webrl_core.config import ModelsConfig
+
+    return ModelsConfig(device="cpu", dtype=dtype, lora={"enabled": True, "r": r, "alpha": 2 * r, "dropout": 0.0},
+                        **kw)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt_neox"])
+def test_lora_critic_trains_adapters_and_heads_and_round_trips(tiny, tmp_path, arch):
+    """models.lora.enabled: the critic's backbone gets LoRA adapters, only adapters + heads train, and a saved
+    LoRA critic (adapters merged into backbone/, adapters alone in adapter/) loads back with the same values."""
+    mc = _lora_models(gradient_checkpointing=True)
+    critic = Critic.from_backbone(tiny[arch], 0.2, 256, device="cpu", seed=0).for_training(mc)
+    names = {n for n, p in critic.named_parameters() if p.requires_grad}
+    assert names and all("lora_" in n or n.startswith(("head1.", "head2.")) for n in names)
+    heads = sum(p.numel() for n, p in critic.named_parameters() if n.startswith(("head1.", "head2.")))
+    lora = sum(p.numel() for n, p in critic.named_parameters() if "lora_" in n)
+    counts = critic.parameter_counts()
+    assert counts["trainable_params"] == heads + lora < counts["total_params"]
+    prompts = [build_prompt("open item 3", [], "<p>x</p>"), build_prompt("close item 7", ["r0"], "<p>page 1</p>")]
+    base = Critic.from_backbone(tiny[arch], 0.2, 256, device="cpu", seed=0)
+    assert torch.allclose(base.values(prompts)[0], critic.values(prompts)[0], atol=1e-6)  # fresh adapter: lora_B = 0
+    with torch.no_grad():  # move the adapters away from their zero init so merging matters
+        for n, p in critic.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05)
+    v, p1, p2 = critic.values(prompts)
+    assert not torch.allclose(torch.cat([p1, p2]), torch.cat(base.values(prompts)[1:]), atol=1e-4)
+    critic.save(tmp_path / "c")
+    assert (tmp_path / "c" / "adapter" / "adapter_config.json").exists()
+    again = Critic.load(tmp_path / "c", device="cpu")
+    assert not any("lora" in n for n, _ in again.named_parameters())  # an ordinary critic folder
+    v2, q1, q2 = again.values(prompts)
+    assert torch.allclose(torch.cat([q1, q2]), torch.cat([p1, p2]), atol=1e-5)
+    assert any("lora_" in n for n, _ in critic.named_parameters())  # the training critic keeps its adapters
+
+
+def test_train_critic_with_lora_in_bf16(tiny, tmp_path):
+    """train_critic under models.lora + bfloat16: frozen bf16 base, float32 adapters and heads, bf16 autocast;
+    the stats report the trainable parameter count; resuming puts a fresh adapter on the merged critic."""
+    samples = build_transitions(_trajs())
+    settings = load_config(sets=["models.device=cpu", "models.dtype=bfloat16", "models.max_length=256",
+                                 "models.lora.enabled=true", "models.lora.r=4", "critic.batch_size=4",
+                                 "critic.lr=0.003"])
+    critic = Critic.from_backbone(tiny["llama"], 0.2, 256, dtype="bfloat16", device="cpu").for_training(
+        settings.models)
+    dtypes = {p.dtype for n, p in critic.named_parameters() if p.requires_grad}
+    assert dtypes == {torch.float32}
+    assert {p.dtype for n, p in critic.named_parameters() if not p.requires_grad} == {torch.bfloat16}
+    stats = train_critic(samples, tiny["llama"], tmp_path / "c", settings, max_steps=2)
+    assert stats["steps"] == 2 and 0 < stats["trainable_params"] < stats["total_params"]
+    assert stats["trainable_params"] == critic.parameter_counts()["trainable_params"]
+    assert (tmp_path / "c" / "adapter").is_dir()
+    stats2 = train_critic(samples, tiny["llama"], tmp_path / "c2", settings, resume=tmp_path / "c", max_steps=1)
+    assert stats2["steps"] == 1 and stats2["trainable_params"] == stats["trainable_params"]
+    assert Critic.load(tmp_path / "c2", dtype="bfloat16", device="cpu").values(["x"])[0].shape == (1,)

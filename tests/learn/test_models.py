@@ -7,8 +7,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from webrl_core.config import EmbeddedModelConfig, LoraConfig, ModelsConfig
-from webrl_core.models import (apply_lora, backbone_and_hidden_size, build_embedded_model, encode_prompt_action,
-                               load_causal_lm, load_tokenizer, save_model, stop_token_id, train_embedded_tokenizer)
+from webrl_core.models import (apply_lora, backbone_and_hidden_size, build_embedded_model, count_parameters,
+                               encode_prompt_action, load_causal_lm, load_tokenizer, save_model, stop_token_id,
+                               train_embedded_tokenizer)
 from webrl_core.prompts import ASSISTANT_HEADER, BOS, EOT, SPECIAL_TOKENS, build_prompt
 
 ACTION = '# Element: the search box\ndo(action="Type", argument="blue shirt", element="12")'
@@ -71,6 +72,35 @@ def test_dtype_and_trainable(tok_dir, tmp_path):
     mt = load_causal_lm(out, ModelsConfig(gradient_checkpointing=True), trainable=True)
     assert mt.training and all(p.requires_grad for p in mt.parameters())
     assert getattr(mt, "is_activation_checkpointing", None) or mt.is_gradient_checkpointing
+    # mixed precision: a model loaded for training keeps float32 master weights (compute: the Trainer's autocast)
+    mb = load_causal_lm(out, ModelsConfig(dtype="bfloat16"), trainable=True)
+    assert {p.dtype for p in mb.parameters()} == {torch.float32} and count_parameters(mb)["trainable_params"] > 0
+    # ... and with LoRA the frozen base stays bf16 (2 bytes/param), the adapters are float32
+    ml = load_causal_lm(out, ModelsConfig(dtype="bfloat16", lora=LoraConfig(enabled=True, r=4)), trainable=True)
+    assert {p.dtype for p in ml.parameters() if p.requires_grad} == {torch.float32}
+    assert {p.dtype for p in ml.parameters() if not p.requires_grad} == {torch.bfloat16}
+    counts = count_parameters(ml)
+    assert counts["trainable_params"] == sum(p.numel() for n, p in ml.named_parameters() if "lora_" in n)
+
+
+def test_fresh_lora_adapter_on_a_merged_folder_is_the_phase_start_actor(tok_dir, tmp_path):
+    """The actor's KL reference with LoRA: a phase loads the previous phase's MERGED folder and adds a fresh
+    adapter (lora_B = 0), so before the first update the model is exactly that folder's model."""
+    out = build_embedded_model(tok_dir, tiny("llama"), tmp_path / "base")
+    cfg = ModelsConfig(lora=LoraConfig(enabled=True, r=4, alpha=8, dropout=0.0))
+    phase1 = load_causal_lm(out, cfg, trainable=True)
+    with torch.no_grad():
+        for n, p in phase1.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05)
+    saved = save_model(phase1, load_tokenizer(out), tmp_path / "phase1")  # merged
+    start = load_causal_lm(saved, ModelsConfig())  # the phase-start actor, frozen
+    phase2 = load_causal_lm(saved, cfg, trainable=True).eval()  # phase 2's trainable actor (fresh adapter)
+    ids = torch.tensor([[1, 9, 10, 11, 12]])
+    with torch.no_grad():
+        assert torch.equal(phase2(ids).logits, start(ids).logits)
+        with phase2.disable_adapter():  # the same as the adapter switched off, because phase 1 was merged
+            assert torch.equal(phase2(ids).logits, start(ids).logits)
 
 
 def test_lora_save_merged_loads(tok_dir, tmp_path):

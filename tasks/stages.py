@@ -69,6 +69,11 @@ def train_pool(run: StageRun, n: int, seed_offset: int, name: str):
     return task_sets.train_task_pool(run.settings(), run.run_dir, n, seed_offset, name)
 
 
+@stage_task(task_sets.seed_task_set, "seed-tasks")
+def seed_tasks(run: StageRun, seed_ref):
+    return task_sets.seed_task_set(run.settings(), run.run_dir, seed_ref)
+
+
 @stage_task(task_sets.test_task_set, "test-set")
 def test_set(run: StageRun):
     return task_sets.test_task_set(run.settings(), run.run_dir)
@@ -94,6 +99,16 @@ def build_tokenizer(run: StageRun, demos: dict):
 @stage_task(bootstrap.sft_actor, "sft-actor")
 def sft_actor(run: StageRun, tokenizer_ref, demos: dict):
     return bootstrap.sft_actor(run.settings(), run.run_dir, tokenizer_ref, demos)
+
+
+@stage_task(bootstrap.adopt_actor, "adopt-actor")
+def adopt_actor(run: StageRun, actor_ref):
+    return bootstrap.adopt_actor(run.run_dir, actor_ref)
+
+
+@stage_task(bootstrap.sft_from_data, "sft-from-data")
+def sft_from_data(run: StageRun, base_ref, data_ref):
+    return bootstrap.sft_from_data(run.settings(), run.run_dir, base_ref, data_ref)
 
 
 @stage_task(bootstrap.train_orm, "train-orm")

@@ -122,6 +122,30 @@ def phase(config: str = typer.Option("demo", help="config"), phase: int = typer.
     typer.echo(f"phase {phase} wall time {time.perf_counter() - t0:.1f} s")
 
 
+@app.command("sft")
+def sft(data: Path = typer.Option(..., help="demonstrations: a LLaMA-Factory ShareGPT JSON (human = the full WebRL "
+                                        "prompt, gpt = the action; the official SFT format) or a VAB traces folder"),
+        out: Path = typer.Option(..., help="folder for the fine-tuned HF model"),
+        base: Optional[str] = typer.Option(None, help="HF folder of the base model (default: models.actor)"),
+        config: str = typer.Option("demo", help="config (training, models, bootstrap.sft_* settings)"),
+        set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
+    """Fine-tune a base model on demonstrations (phase 0 of a real model; the bootstrap flow does the same with
+    bootstrap.sft_data). The loss is on the action tokens (bootstrap.sft_loss)."""
+    s = _load(config, set_)
+    from webrl_core import launch
+    from webrl_core.sft_data import read_demonstrations
+
+    base = base or s.models.actor
+    if not base:
+        raise typer.BadParameter("no base model: give --base or models.actor", param_hint="--base")
+    pairs = read_demonstrations(data, s.prompt.compat)
+    typer.echo(f"{len(pairs)} (prompt, action) pairs from {data}")
+    t0 = time.perf_counter()
+    metrics = launch.sft_train(pairs, base, out, s)
+    typer.echo(f"fine-tuned {base} -> {out} in {time.perf_counter() - t0:.0f}s: "
+               + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float))))
+
+
 @app.command("eval")
 def evaluate(config: str = typer.Option("demo", help="config"),
              model: Optional[str] = typer.Option(None, help="HF model folder (policy.backend=hf); with "

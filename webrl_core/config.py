@@ -524,11 +524,12 @@ def migrate_renamed(data: dict, source: str = "config") -> dict:
         if not isinstance(section, dict) or old_key not in section:
             continue
         new_section, new_key = new.split(".")
-        target = out.get(new_section, {})
-        if not isinstance(target, dict):
+        if not isinstance(out.get(new_section, {}), dict):
             continue  # not a mapping: validation reports it
         section = dict(section)
         value = section.pop(old_key)
+        # read after the pop: a field renamed within its own section must not keep its old key
+        target = section if new_section == old_section else out.get(new_section, {})
         if new_key in target and target[new_key] != value:
             raise ValueError(f"{source}: both {old!r} (deprecated) and {new!r} are set, to {value!r} and "
                              f"{target[new_key]!r}; keep only {new!r}")

@@ -35,7 +35,7 @@ from webrl_core.artifacts import sha256_path
 from webrl_core.config import ModelsConfig, PolicyConfig
 from webrl_core.models import (encode_prompt, left_pad, load_causal_lm, load_tokenizer, resolve_device,
                                stop_token_id)
-from webrl_core.prompts import STOP_TOKEN, build_chat_messages
+from webrl_core.prompts import STOP_TOKEN, build_chat_messages, check_compat
 
 
 class HFPolicy:
@@ -43,8 +43,9 @@ class HFPolicy:
 
     def __init__(self, model_path: str | os.PathLike, cfg: PolicyConfig | None = None,
                  models_cfg: ModelsConfig | None = None, temperature: float | None = None,
-                 policy_id: str | None = None, style: str = "completion"):
+                 policy_id: str | None = None, style: str = "completion", compat: str = "webrl"):
         self.cfg = cfg or PolicyConfig()
+        self.compat = check_compat(compat)
         self.models_cfg = models_cfg or ModelsConfig()
         self.model_path = str(model_path)
         self.tok = load_tokenizer(model_path)
@@ -70,7 +71,7 @@ class HFPolicy:
         if self.style != "chat":
             return prompt
         if ctx is not None:
-            msgs = build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html)
+            msgs = build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.compat)
         else:
             msgs = [{"role": "user", "content": prompt}]
         if not getattr(self.tok, "chat_template", None):
@@ -117,7 +118,8 @@ class OpenAIPolicy:
 
     def __init__(self, base_url: str, model_name: str, cfg: PolicyConfig | None = None,
                  temperature: float | None = None, style: str = "completion", api_key: str | None = None,
-                 policy_id: str | None = None, timeout_s: float = 120.0, retries: int = 3):
+                 policy_id: str | None = None, timeout_s: float = 120.0, retries: int = 3, compat: str = "webrl"):
+        self.compat = check_compat(compat)
         if not base_url or "://" not in base_url:
             raise ValueError(f"policy.base_url={base_url!r} is not a URL like http://127.0.0.1:8000/v1")
         if not model_name:
@@ -140,7 +142,7 @@ class OpenAIPolicy:
         if self.temperature > 0:
             body["top_p"] = self.cfg.top_p
         if self.style == "chat":
-            msgs = (build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html) if ctx
+            msgs = (build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.compat) if ctx
                     else [{"role": "user", "content": prompt}])
             return "/chat/completions", {**body, "messages": msgs}
         return "/completions", {**body, "prompt": prompt}
@@ -177,11 +179,11 @@ class OpenAIPolicy:
                                                for i, p in enumerate(prompts)]))
 
 
-def served_model_digest(base_url: str | None, model_name: str | None, api_key_env: str = "OPENAI_API_KEY",
-                        timeout_s: float = 10.0) -> str:
-    """What an OpenAI-compatible endpoint says it serves under ``model_name`` (``GET /models``): our own server
-    reports the checkpoint's sha256 (``webrl_digest``), vLLM and SGLang the weights' path (``root``). The part of
-    a policy's identity the endpoint can vouch for; ``unverified`` when it reports neither."""
+def served_model_card(base_url: str | None, model_name: str | None, api_key_env: str = "OPENAI_API_KEY",
+                      timeout_s: float = 10.0) -> dict:
+    """The model card an OpenAI-compatible endpoint lists for ``model_name`` (``GET /models``), every field kept:
+    our own server reports the checkpoint's sha256 (``webrl_digest``), vLLM and SGLang the weights' folder
+    (``root``)."""
     if not base_url or "://" not in base_url:
         raise ValueError(f"policy.base_url={base_url!r} is not a URL like http://127.0.0.1:8000/v1")
     if not model_name:
@@ -201,6 +203,14 @@ def served_model_digest(base_url: str | None, model_name: str | None, api_key_en
         served = [c.get("id") for c in cards if isinstance(c, dict)]
         raise RuntimeError(f"policy endpoint {base_url} does not serve policy.model_name={model_name!r}; it serves "
                            f"{served}")
+    return card
+
+
+def served_model_digest(base_url: str | None, model_name: str | None, api_key_env: str = "OPENAI_API_KEY",
+                        timeout_s: float = 10.0) -> str:
+    """What an endpoint vouches for about ``model_name``: the checkpoint digest or folder of its card
+    (``served_model_card``); ``unverified`` when it reports neither."""
+    card = served_model_card(base_url, model_name, api_key_env, timeout_s)
     return str(card.get("webrl_digest") or card.get("root") or "unverified")
 
 

@@ -189,7 +189,8 @@ def _worker_policy(spec: dict):
         from webrl_core.policy import OpenAIPolicy
 
         return OpenAIPolicy(served["base_url"], served["model_name"], cfg=settings.policy, temperature=temperature,
-                            style=settings.prompt.style, policy_id=served["policy_id"])
+                            style=settings.prompt.style, compat=settings.prompt.compat,
+                            policy_id=served["policy_id"])
     from webrl_core.rollout_policy import make_policy
 
     actor_ref = spec["actor_ref"]
@@ -205,6 +206,7 @@ def _run_shard(spec: dict, shard: int, jobs: list[tuple[dict, int, str]], collec
     """One Ray task: run the shard's episodes that are not in yet, pushing each to the collector as it ends."""
     import ray
 
+    from webrl_core.env.evaluators import judge_from_settings
     from webrl_core.env.rollout import run_rollout
     from webrl_core.sites.session import site_session
 
@@ -221,7 +223,8 @@ def _run_shard(spec: dict, shard: int, jobs: list[tuple[dict, int, str]], collec
         eps = run_rollout([t for t, _, _ in todo], policy, settings.env.n_envs, cfg=settings.env, hooks=hooks,
                           store=_CollectorSink(collector), phase=spec["phase"], purpose=spec["purpose"],
                           seed=settings.run.seed, attempts=[a for _, a, _ in todo], progress=False,
-                          screenshot_dir=spec["screenshot_dir"], node=node, **spec["ident"])
+                          screenshot_dir=spec["screenshot_dir"], node=node, judge=judge_from_settings(settings),
+                          prompt_compat=settings.prompt.compat, **spec["ident"])
     got = sorted(e["episode_id"] for e in eps)
     if got != sorted(j[2] for j in todo):  # the engine computes ids from the same inputs: a mismatch is a bug
         raise RuntimeError(f"shard {shard}: the engine produced episode ids {got[:3]}... for planned "
@@ -296,7 +299,7 @@ def shared_policy_server(settings, actor_ref, temperature: float, purpose: str, 
 # ----------------------------------------------------------------------------------------- driver
 def run_on_ray(settings, rollout_cfg: RolloutConfig, run_dir: str | Path, phase: int, purpose: str,
                tasks: list[dict], attempts: list[int], actor_ref, temperature: float, ident: dict[str, str],
-               *, poll_s: float = 0.5) -> dict:
+               *, endpoint=None, poll_s: float = 0.5) -> dict:
     """Run ``tasks`` (with their ``attempts``) on the Ray cluster; every finished episode is written into
     ``TrajectoryStore(run_dir)`` exactly once, from this process (see module docstring). ``ident`` is the
     stage's ``rollout_identity(...)``. Returns ``{"episodes", "shards", "by_node", "starts", ...}``."""
@@ -325,7 +328,11 @@ def run_on_ray(settings, rollout_cfg: RolloutConfig, run_dir: str | Path, phase:
         conn = stack.enter_context(ray_connection(rollout_cfg))
         stats.update(address=conn["address"], local_cluster_dir=conn["local_cluster_dir"])
         served = None
-        if shared:
+        if endpoint is not None:  # the actor served by webrl_core.serving for this rollout: every shard calls it
+            served = {"base_url": endpoint.base_url, "model_name": endpoint.model_name,
+                      "policy_id": f"{endpoint.policy_digest}@T{temperature:g}"}
+            stats["policy_endpoint"] = endpoint.base_url
+        elif shared:
             _check_reachable(rollout_cfg.policy_host)
             served = stack.enter_context(shared_policy_server(settings, actor_ref, temperature, purpose,
                                                               ident["policy_digest"], host=rollout_cfg.policy_host))

@@ -292,6 +292,26 @@ def check_store(run_dir: str | os.PathLike) -> None:
         raise err
 
 
+def check_real_path(settings: WebRLSettings, flow: str) -> None:
+    """A real model's phase 0 (``bootstrap.sft_data`` or ``bootstrap.sft_actor``) names what it needs: the base model
+    to fine-tune, the ORM, and one of the two sources only; a managed serving engine's interpreter exists."""
+    boot, models = settings.bootstrap, settings.models
+    if boot.sft_data and boot.sft_actor:
+        raise BadInputError(f"bootstrap.sft_data={boot.sft_data!r} and bootstrap.sft_actor={boot.sft_actor!r} are "
+                            f"both set: fine-tune models.actor on the data, or start from the SFT checkpoint, not both")
+    if boot.sft_data and not models.actor:
+        raise BadInputError("bootstrap.sft_data is set: models.actor must name the base model's HF folder to "
+                            "fine-tune on it")
+    if (boot.sft_data or boot.sft_actor) and not models.orm and flow in ("bootstrap", "phase", "train"):
+        raise BadInputError("a real model's phase 0 (bootstrap.sft_data / bootstrap.sft_actor) trains no ORM: "
+                            "models.orm must name the ORM's HF folder")
+    sv = settings.serving
+    if settings.policy.backend == "openai" and sv.engine != "external" and sv.python:
+        if not (Path(sv.python).is_file() and os.access(sv.python, os.X_OK)):
+            raise BadInputError(f"serving.python={sv.python!r} is not an executable file (for vLLM: bash "
+                                f"infra/setup_vllm.sh, then serving.python=.venv-vllm/bin/python)")
+
+
 def preflight(settings: WebRLSettings, run_dir: str | os.PathLike, *, model: str | None = None,
               phase: int | None = None, flow: str = "eval") -> list[str]:
     """Every check a flow needs, cheapest first; returns warnings to log (raises on bad input).
@@ -301,8 +321,9 @@ def preflight(settings: WebRLSettings, run_dir: str | os.PathLike, *, model: str
     warnings = check_run_dir(run_dir, settings)
     check_test_set_file(settings)
     check_store(run_dir)
-    if settings.policy.backend == "openai":
-        check_policy_endpoint(settings)
+    check_real_path(settings, flow)
+    if settings.policy.backend == "openai" and (settings.serving.engine == "external" or (flow == "eval" and not model)):
+        check_policy_endpoint(settings)  # a managed engine is started (and checked) by the rollout itself
     # last: the architecture check imports transformers (seconds; the flow imports it anyway)
     if model and settings.policy.backend == "hf":
         check_model(model, "--model")

@@ -112,3 +112,36 @@ def test_browser_crash_without_retries_is_stored_as_error(aloop, miniwob_server,
     assert by_id[tasks[1]["task_id"]]["status"] == "done"  # the next episode runs on a relaunched browser
     rows = {r["episode_id"]: r for r in store.episodes()}
     assert rows[bad["episode_id"]]["status"] == "error" and "crash" in rows[bad["episode_id"]]["error"]
+
+
+class PromptRecorder(MiniWoBOracle):
+    """The MiniWoB oracle that keeps every (prompt, context) it is given."""
+
+    batched = True
+
+    def __init__(self) -> None:
+        self.seen = []
+
+    async def act(self, prompts, contexts=None):
+        self.seen += list(zip(prompts, contexts))
+        return await super().act(prompts, contexts)
+
+
+def test_prompt_compat_official_builds_official_prompts(aloop, miniwob_server):
+    from webrl_core.prompts import build_prompt
+
+    tasks = miniwob_tasks(["click-button"], 2, seed=5)
+    cfg = small_cfg(obs_char_budget=256)  # small: the official and our cut rules give different prompts
+    pol = PromptRecorder()
+    eps = aloop.run(rollout(tasks, pol, 2, cfg=cfg, hooks=MiniWoBHooks(miniwob_server), progress=False,
+                            prompt_compat="official"))
+    assert len(eps) == 2 and all(e["success"] for e in eps) and pol.seen
+    for prompt, c in pol.seen:
+        assert prompt == build_prompt(c.task["intent"], c.past_responses, c.html, 256, compat="official")
+    assert any(p != build_prompt(c.task["intent"], c.past_responses, c.html, 256) for p, c in pol.seen)
+    stored = [s["prompt"] for e in eps for s in e["steps"]]
+    assert sorted(stored) == sorted(p for p, _ in pol.seen)
+    # other prompts, other episodes: the default format's ids are not reused
+    default_ids = plan_episode_ids(tasks, phase=0, purpose="rollout", seed=0, policy_digest=pol.policy_id,
+                                   settings_digest=identity.settings_digest(cfg))
+    assert not {e["episode_id"] for e in eps} & set(default_ids)

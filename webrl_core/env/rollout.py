@@ -5,7 +5,8 @@ Contract:
 * ``n_envs`` workers each own a ``WebEnv`` (slot i -> browser process i // contexts_per_browser) and take
   (task, attempt) jobs from a queue;
 * every worker that needs an action puts its prompt (``build_prompt(intent, past_responses, html,
-  cfg.obs_char_budget)``) into a shared batch; the batch goes to ONE ``policy.act(prompts, contexts)`` call
+  cfg.obs_char_budget, compat=prompt_compat)``; ``prompt_compat``: "webrl" or "official", see
+  ``webrl_core.prompts``) into a shared batch; the batch goes to ONE ``policy.act(prompts, contexts)`` call
   as soon as no worker is busy with its browser, or the oldest request has waited ``cfg.batch_wait_s``
   (one call in flight at a time, so requests that arrive during a call join the next one); a policy with
   ``batched = False`` (scripted ones) is called as soon as any request is pending;
@@ -36,7 +37,7 @@ from webrl_core.env.actions import is_crash
 from webrl_core.env.browser import BrowserPool
 from webrl_core.env.episode import EPISODE_COLUMNS, Episode, FinalPage
 from webrl_core.env.web_env import EnvCrash, WebEnv
-from webrl_core.prompts import build_prompt
+from webrl_core.prompts import build_prompt, check_compat
 from webrl_core.websites import is_success
 
 
@@ -142,7 +143,7 @@ class _Ending(NamedTuple):
 
 
 async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batcher, cfg,
-                       steps: list[dict], timing: dict, screenshot_dir=None) -> _Ending:
+                       steps: list[dict], timing: dict, screenshot_dir=None, prompt_compat: str = "webrl") -> _Ending:
     """One attempt. Appends step dicts to ``steps`` as it goes; returns how the episode ended."""
     watchdog = (cfg.settle_timeout_ms + 3 * cfg.action_timeout_ms) / 1000 + 30
     t = time.perf_counter()
@@ -157,7 +158,7 @@ async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batch
             shot = Path(screenshot_dir) / episode_id / f"{idx}.png"
             shot.parent.mkdir(parents=True, exist_ok=True)
             await env.page.screenshot(path=str(shot))
-        prompt = build_prompt(intent, past, obs.html, cfg.obs_char_budget)
+        prompt = build_prompt(intent, past, obs.html, cfg.obs_char_budget, compat=prompt_compat)
         ctx = StepContext(task=env.task, html=obs.html, url=obs.url, step=idx, past_responses=list(past),
                           episode_id=episode_id)
         t = time.perf_counter()
@@ -184,18 +185,24 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
                   purpose: str = "rollout", policy_id: str | None = None, policy_digest: str | None = None,
                   settings_digest: str | None = None, attempts: list[int] | None = None, seed: int = 0,
                   progress: bool = True, judge=None, pool: BrowserPool | None = None,
-                  screenshot_dir=None, node: str | None = None) -> list[dict]:
+                  screenshot_dir=None, node: str | None = None, prompt_compat: str = "webrl") -> list[dict]:
     """Run every task once (duplicates = more samples) and return episode dicts (each with a ``steps`` list).
 
     ``policy_digest`` / ``settings_digest``: the identity of what acts (``webrl_core.identity``); by default the
     policy's own ``policy_digest`` (else its ``policy_id``) and the env's behaviour settings.
     ``screenshot_dir``: with ``cfg.screenshots``, a PNG per step goes to ``<dir>/<episode_id>/<idx>.png``.
     ``node``: what episodes record as the machine that produced them (default: the hostname; the Ray engine
-    passes ``<hostname>/<node ip>/ray:<node id>``)."""
+    passes ``<hostname>/<node ip>/ray:<node id>``).
+    ``prompt_compat``: the prompt format (``prompt.compat``: "webrl" or "official"); a non-default format is folded
+    into the default ``settings_digest`` (a caller that passes ``settings_digest`` must include it there)."""
+    check_compat(prompt_compat)
     screenshot_dir = screenshot_dir if getattr(cfg, "screenshots", False) else None
     policy_id = policy_id or getattr(policy, "policy_id", type(policy).__name__)
     policy_digest = policy_digest or getattr(policy, "policy_digest", None) or policy_id
-    settings_digest = settings_digest or identity.settings_digest(cfg)
+    if not settings_digest:
+        settings_digest = identity.settings_digest(cfg)
+        if prompt_compat != "webrl":  # other prompts, other episodes (the default format keeps its ids)
+            settings_digest = identity.digest({"settings": settings_digest, "prompt_compat": prompt_compat})
     attempts = default_attempts(tasks) if attempts is None else list(attempts)
     if len(attempts) != len(tasks):
         raise ValueError(f"rollout: {len(attempts)} attempts for {len(tasks)} tasks")
@@ -243,7 +250,8 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
         for _try in range(cfg.episode_retries + 1):
             steps, timing = [], {"policy_s": 0.0, "env_s": 0.0}
             try:
-                ending = await _run_episode(env, task, eid, batcher, cfg, steps, timing, screenshot_dir)
+                ending = await _run_episode(env, task, eid, batcher, cfg, steps, timing, screenshot_dir,
+                                            prompt_compat)
             except PolicyError:
                 raise
             except Exception as e:  # crash, hang or a bug in the site: retry on a fresh context
@@ -307,6 +315,6 @@ class _Progress:
             self.bar.stop()
 
 
-def run_rollout(tasks: list[dict], policy, n_envs: int, **kwargs) -> list[dict]:
+def run_rollout(tasks: list[dict], policy, n_envs: int, *, prompt_compat: str = "webrl", **kwargs) -> list[dict]:
     """Synchronous wrapper of ``rollout`` (starts its own event loop)."""
-    return asyncio.run(rollout(tasks, policy, n_envs, **kwargs))
+    return asyncio.run(rollout(tasks, policy, n_envs, prompt_compat=prompt_compat, **kwargs))

@@ -18,12 +18,13 @@ from webrl_core.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, 
 from webrl_core.pipeline.experience import numeric
 from webrl_core.pipeline.stage import stage
 from webrl_core.prompts import build_orm_prompt
+from webrl_core.sft_data import demonstration_episodes, read_demonstrations
 from webrl_core.rundir import output_key, publish, versioned
 from webrl_core.store import TrajectoryStore
 from webrl_core.websites import is_success
 
 
-@stage("models", "orm")
+@stage("models", "orm", "prompt")
 def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
     """Byte-level BPE on the run's own corpus: demo prompts/actions and ORM prompts."""
     eps, by_ep = TrajectoryStore(run_dir).finished_episodes(demos["episode_ids"])
@@ -33,7 +34,7 @@ def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
         texts += [s["prompt"] + s["response"] for s in steps]
         if steps:
             texts.append(build_orm_prompt(e["intent"], [s["response"] for s in steps], steps[-1]["html"] or "",
-                                          settings.orm.max_html_chars) + "YES NO")
+                                          settings.orm.max_html_chars, compat=settings.prompt.compat) + "YES NO")
     out = Path(run_dir) / "models" / "tokenizer"
     real = versioned(out, output_key(settings, json.dumps(demos["episode_ids"])))
     train_embedded_tokenizer(texts, settings.models.embedded.vocab_size, real)
@@ -57,14 +58,44 @@ def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -
     return ArtifactRef.of(real, "model"), {"sft_pairs": len(pairs), **numeric(metrics)}
 
 
-@stage("run", "models", "orm", "training")
+@stage()
+def adopt_actor(run_dir: str, actor_ref: ArtifactRef) -> ArtifactRef:
+    """An existing SFT checkpoint (``bootstrap.sft_actor``) published as the run's phase-0 actor: a link, so the
+    phases find it where they find a trained one and its identity stays the folder's content digest."""
+    out = Path(run_dir) / "models" / "phase=0" / "actor"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    publish(out, Path(actor_ref.path))
+    ref = ArtifactRef.of(out, "model")
+    if ref.sha256 != actor_ref.sha256:
+        raise RuntimeError(f"bootstrap.sft_actor {actor_ref.path} changed while it was adopted; run again")
+    return ref
+
+
+@stage("run", "models", "bootstrap", "actor", "training", "prompt")
+def sft_from_data(settings, run_dir: str, base_ref: ArtifactRef, data_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
+    """Phase 0 of a real model: fine-tune the base ``models.actor`` on the demonstrations ``bootstrap.sft_data``
+    (the official ShareGPT SFT file or VAB traces, ``webrl_core.sft_data``), completion-only loss. The
+    demonstrations also enter the store as phase-0 experience: the first phases replay them, as the official code
+    replays the SFT data."""
+    pairs = read_demonstrations(data_ref.path, settings.prompt.compat)
+    TrajectoryStore(run_dir).write_episodes(demonstration_episodes(data_ref.path, data_ref.sha256,
+                                                                   settings.prompt.compat))
+    out = Path(run_dir) / "models" / "phase=0" / "actor"
+    real = versioned(out, output_key(settings, base_ref, data_ref))
+    metrics = launch.sft_train(pairs, base_ref.path, real, settings)
+    publish(out, real)
+    return ArtifactRef.of(real, "model"), {"sft_pairs": len(pairs), **numeric(metrics)}
+
+
+@stage("run", "models", "orm", "training", "prompt")
 def train_orm(settings, run_dir: str, rollouts: list[dict], base_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
     """ORM = SFT of the actor's backbone on (ORM prompt, YES/NO) labelled by the sites' evaluators; accuracy on a
     held-out share of the examples."""
     ids = sorted({i for r in rollouts for i in r["episode_ids"]})
     eps, by_ep = TrajectoryStore(run_dir).finished_episodes(ids)
     labels = {e["episode_id"]: is_success(e.get("env_score")) for e in eps}
-    examples = orm_examples_from_episodes(eps, by_ep, labels, settings.orm.max_html_chars)
+    examples = orm_examples_from_episodes(eps, by_ep, labels, settings.orm.max_html_chars,
+                                          compat=settings.prompt.compat)
     examples = balance_classes(examples, seed=settings.run.seed)
     train, held = split_examples(examples, settings.orm.eval_fraction, seed=settings.run.seed)
     out = Path(run_dir) / "models" / "phase=0" / "orm"

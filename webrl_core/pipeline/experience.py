@@ -10,24 +10,27 @@ phase-start actor lies in (``replay.low``, ``replay.high``], at most ``replay.ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 from webrl_core.artifacts import ArtifactRef, read_json
+from webrl_core.env.evaluators import judge_from_settings
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
 from webrl_core.models import load_causal_lm, load_tokenizer
 from webrl_core.orm import OrmScorer, orm_prompt_for_episode
 from webrl_core.pipeline.stage import stage
 from webrl_core.ray_rollout import run_on_ray
 from webrl_core.replay import score_replay
-from webrl_core.rollout_policy import lineage, make_policy, rollout_identity
+from webrl_core.rollout_policy import lineage, make_policy, needs_server, rollout_identity
+from webrl_core.serving import served_actor
 from webrl_core.rundir import labelled_state, output_key, phase_dir, read_jsonl, write_jsonl_version
 from webrl_core.sites.session import site_session
 from webrl_core.store import TrajectoryStore
 from webrl_core.transitions import build_transitions
 from webrl_core.websites import is_success
 
-ROLLOUT_SECTIONS = ("run", "sites", "env", "policy", "models", "prompt", "rollout")
+ROLLOUT_SECTIONS = ("run", "sites", "env", "policy", "serving", "models", "prompt", "rollout", "eval")
 
 
 @stage(*ROLLOUT_SECTIONS)
@@ -47,15 +50,23 @@ def rollout(settings, run_dir: str, phase: int, purpose: str, tasks_ref: Artifac
     done = {e["episode_id"] for e in store.sql(
         "SELECT episode_id FROM episodes WHERE episode_id IN (SELECT unnest($ids)) AND status <> 'error'", {"ids": ids})}
     todo = [(t, a) for t, a, i in zip(tasks, default_attempts(tasks), ids) if i not in done]
-    if todo and settings.rollout.engine == "ray":  # shards on a Ray cluster; the driver writes the store
-        run_on_ray(settings, settings.rollout, run_dir, phase, purpose, [t for t, _ in todo], [a for _, a in todo],
-                   actor_ref, temperature, ident)
-    elif todo:
-        policy = make_policy(settings, actor_ref, temperature, purpose)
-        with site_session(settings) as hooks:
-            run_rollout([t for t, _ in todo], policy, settings.env.n_envs, cfg=settings.env, hooks=hooks, store=store,
-                        phase=phase, purpose=purpose, seed=seed, attempts=[a for _, a in todo], progress=True,
-                        screenshot_dir=Path(run_dir) / "screenshots", **ident)
+    with contextlib.ExitStack() as stack:
+        endpoint = None
+        if todo and needs_server(settings, actor_ref, purpose):  # the actor, served for this rollout only
+            endpoint = stack.enter_context(served_actor(settings, actor_ref, run_dir))
+            if endpoint.policy_digest != ident["policy_digest"]:
+                raise RuntimeError(f"the served actor is {endpoint.policy_digest}, but the episodes are keyed by "
+                                   f"{ident['policy_digest']}")
+        if todo and settings.rollout.engine == "ray":  # shards on a Ray cluster; the driver writes the store
+            run_on_ray(settings, settings.rollout, run_dir, phase, purpose, [t for t, _ in todo],
+                       [a for _, a in todo], actor_ref, temperature, ident, endpoint=endpoint)
+        elif todo:
+            policy = make_policy(settings, actor_ref, temperature, purpose, endpoint)
+            with site_session(settings) as hooks:
+                run_rollout([t for t, _ in todo], policy, settings.env.n_envs, cfg=settings.env, hooks=hooks,
+                            store=store, phase=phase, purpose=purpose, seed=seed, attempts=[a for _, a in todo],
+                            progress=True, screenshot_dir=Path(run_dir) / "screenshots",
+                            judge=judge_from_settings(settings), prompt_compat=settings.prompt.compat, **ident)
     rows = {e["episode_id"]: e for e in store.sql(
         "SELECT * FROM episodes WHERE episode_id IN (SELECT unnest($ids))", {"ids": ids})}
     missing = [i for i in ids if i not in rows]
@@ -91,15 +102,22 @@ def merge_rollouts(shards: list[dict]) -> dict:
 
 @stage()
 def label_with_env(run_dir: str, rollouts: dict) -> dict:
-    """Bootstrap labels: the sites' own evaluators."""
+    """Bootstrap labels: the sites' own evaluators. An unscored episode (its task needs the LLM judge and none is
+    configured) gets no label, so it is neither a success nor a failure downstream."""
     store = TrajectoryStore(run_dir)
     eps, _ = store.finished_episodes(rollouts["episode_ids"])
-    store.update_episodes([{"episode_id": e["episode_id"], "success": is_success(e.get("env_score"))} for e in eps])
+    store.update_episodes([{"episode_id": e["episode_id"], "success": env_label(e)} for e in eps])
     n_ok = sum(1 for e in eps if is_success(e.get("env_score")))
-    return {"n": len(eps), "success_rate": n_ok / max(1, len(eps))}
+    unscored = sum(1 for e in eps if env_label(e) is None)
+    return {"n": len(eps), "success_rate": n_ok / max(1, len(eps) - unscored), "unscored": unscored}
 
 
-@stage("models", "orm", "reward")
+def env_label(episode: dict) -> bool | None:
+    """The sites' evaluators' verdict on a finished episode; None when it was not scored (``env_score`` NULL)."""
+    return None if episode.get("env_score") is None else is_success(episode["env_score"])
+
+
+@stage("models", "orm", "reward", "prompt")
 def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: ArtifactRef) -> dict:
     """Label the phase's episodes: ``reward.source: orm`` success iff the ORM's P(YES) >= ``orm.threshold``
     (paper Sec. 3.2); ``env``: the sites' evaluators. The ORM scores every episode in both cases, and its
@@ -108,22 +126,25 @@ def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: Artif
     eps, by_ep = store.finished_episodes(rollouts["episode_ids"])
     eps = [e for e in eps if by_ep.get(e["episode_id"])]
     scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
-    p = scorer.p_yes([orm_prompt_for_episode(e, by_ep[e["episode_id"]], settings.orm.max_html_chars) for e in eps])
+    p = scorer.p_yes([orm_prompt_for_episode(e, by_ep[e["episode_id"]], settings.orm.max_html_chars,
+                                              compat=settings.prompt.compat) for e in eps])
     thr = settings.orm.threshold
-    truth = [is_success(e.get("env_score")) for e in eps]
+    truth = [env_label(e) for e in eps]  # None: unscored (no judge for its task), left out of the agreement
     pred = [bool(x >= thr) for x in p]
     label = truth if settings.reward.source == "env" else pred
     store.update_episodes([{"episode_id": e["episode_id"], "orm_score": float(x), "success": y}
                            for e, x, y in zip(eps, p, label)])
     store.write_scores([{"kind": "orm_p_yes", "episode_id": e["episode_id"], "phase": phase, "value": float(x),
                          "model_id": orm_ref.sha256[:12]} for e, x in zip(eps, p)])
-    tp = sum(a and b for a, b in zip(pred, truth))
-    fp = sum(a and not b for a, b in zip(pred, truth))
-    fn = sum(b and not a for a, b in zip(pred, truth))
-    n = len(eps)
-    return {"episodes": n, "reward_source": settings.reward.source, "labelled_success_rate": sum(label) / max(1, n),
-            "orm_success_rate": sum(pred) / max(1, n), "env_success_rate": sum(truth) / max(1, n),
-            "orm_accuracy": sum(a == b for a, b in zip(pred, truth)) / max(1, n),
+    scored = [(a, b) for a, b in zip(pred, truth) if b is not None]
+    tp = sum(a and b for a, b in scored)
+    fp = sum(a and not b for a, b in scored)
+    fn = sum(b and not a for a, b in scored)
+    n, labelled = len(eps), [y for y in label if y is not None]
+    return {"episodes": n, "reward_source": settings.reward.source, "unscored": n - len(scored),
+            "labelled_success_rate": sum(labelled) / max(1, len(labelled)),
+            "orm_success_rate": sum(pred) / max(1, n), "env_success_rate": sum(b for _, b in scored) / max(1, len(scored)),
+            "orm_accuracy": sum(a == b for a, b in scored) / max(1, len(scored)),
             "orm_precision": tp / max(1, tp + fp), "orm_recall": tp / max(1, tp + fn)}
 
 
@@ -132,14 +153,17 @@ def phase_transitions(settings, run_dir: str, phase: int, rollouts: dict) -> tup
     """Step-level transitions of the phase's labelled episodes (official ``process_data.py``, stage 1)."""
     store = TrajectoryStore(run_dir)
     eps, by_ep = store.finished_episodes(rollouts["episode_ids"])
+    unlabelled = [e for e in eps if e.get("success") is None]  # unscored by the env with reward.source: env
+    eps = [e for e in eps if e.get("success") is not None]
     samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.transitions.gamma)
     ref = write_jsonl_version(samples, phase_dir(run_dir, "data", phase) / "samples.jsonl",
                               output_key(settings, json.dumps(rollouts["episode_ids"]),
                                          labelled_state(run_dir, phase, rollouts.get("policy_digest"))))
-    return ref, {"samples": len(samples), "positive_samples": sum(1 for s in samples if s["trajectory_reward"] > 0)}
+    return ref, {"samples": len(samples), "positive_samples": sum(1 for s in samples if s["trajectory_reward"] > 0),
+                 "unlabelled_episodes": len(unlabelled)}
 
 
-@stage("run", "models", "replay", "transitions", "policy")
+@stage("run", "models", "replay", "transitions", "policy", "serving")
 def replay_transitions(settings, run_dir: str, phase: int, actor_ref: ArtifactRef, samples_ref: ArtifactRef
                        ) -> tuple[ArtifactRef, dict]:
     """Successful steps of phases < k in the current lineage with 1/PPL under the phase-start actor in

@@ -33,7 +33,11 @@ SEED_TASKS_SQL = """SELECT DISTINCT e.site, e.task_id, e.intent, t.config_json F
                     {only_failed} ORDER BY e.site, e.task_id"""
 
 
-@stage("run", "curriculum", "policy")
+class NoSeedTasks(RuntimeError):
+    """A phase has nothing to evolve new tasks from: the previous phase has no labelled episodes."""
+
+
+@stage("run", "curriculum", "policy", "serving")
 def generate_tasks(settings, run_dir: str, phase: int, seed_purpose: str) -> tuple[ArtifactRef, dict]:
     """In-breadth evolving from phase k-1's failed tasks (all its tasks when none failed); de-duplicated against
     every task of earlier phases."""
@@ -45,6 +49,13 @@ def generate_tasks(settings, run_dir: str, phase: int, seed_purpose: str) -> tup
     if not seeds:  # nothing failed (or the ORM says so): evolve from all of the previous phase's tasks instead
         seed_source = "all tasks (no failures)"
         seeds = store.sql(SEED_TASKS_SQL.format(only_failed=""), args)
+    if not seeds:
+        raise NoSeedTasks(
+            f"phase {phase}: phase {prev} has no labelled {seed_purpose!r} episodes by {args['pd']} to evolve new "
+            f"tasks from. " + ("Phase 1 evolves from the bootstrap's rollouts of the SFT actor: with "
+                               "bootstrap.sft_actor or bootstrap.sft_data set, give curriculum.seed_tasks (a "
+                               "WebArena-Lite-format task file) for it to roll out." if phase == 1 else
+                               f"Run phase {prev} first (webrl phase --phase {prev})."))
     by_site: dict[str, list[dict]] = {}
     for r in seeds:
         by_site.setdefault(r["site"], []).append({"task_id": r["task_id"], "intent": r["intent"],
@@ -94,7 +105,7 @@ def start_page_html(settings, tasks: list[dict]) -> dict[str, str]:
         return asyncio.run(observe(hooks))
 
 
-@stage("run", "sites", "env", "models", "critic", "curriculum", "orm")
+@stage("run", "sites", "env", "models", "critic", "curriculum", "orm", "prompt")
 def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef, critic_ref: ArtifactRef | None,
                  trained_critic: bool, orm_ref: ArtifactRef | None) -> tuple[ArtifactRef, dict]:
     """Keep tasks whose value on the Round-0 start-page prompt lies in [filter_low, filter_high]; top up to
@@ -106,7 +117,8 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
         kept, dropped = [], []
     elif trained_critic and critic_ref is not None:
         pages = start_page_html(settings, cands)
-        prompts = [round0_prompt(t["intent"], pages.get(t["start_url"], ""), settings.env.obs_char_budget)
+        prompts = [round0_prompt(t["intent"], pages.get(t["start_url"], ""), settings.env.obs_char_budget,
+                                 compat=settings.prompt.compat)
                    for t in cands]
         critic = Critic.load(critic_ref.path, settings.models.dtype, settings.models.device, settings.models.max_length)
         v, p1, p2 = critic.values(prompts, batch_size=cc.batch_size)
@@ -116,7 +128,8 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
         how = "orm"
         pages = start_page_html(settings, cands)
         scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
-        p = scorer.p_yes([build_orm_prompt(t["intent"], [], pages.get(t["start_url"], ""), settings.orm.max_html_chars)
+        p = scorer.p_yes([build_orm_prompt(t["intent"], [], pages.get(t["start_url"], ""), settings.orm.max_html_chars,
+                                           compat=settings.prompt.compat)
                           for t in cands])
         kept, dropped = filter_by_value(cands, [(x, x, x) for x in p], cur.filter_low, cur.filter_high)
     else:

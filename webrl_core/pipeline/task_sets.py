@@ -55,6 +55,20 @@ def test_task_set(settings, run_dir: str) -> ArtifactRef:
     return write_json(tasks, Path(run_dir) / "tasks" / "test.json")
 
 
+@stage("sites")
+def seed_task_set(settings, run_dir: str, seed_ref: ArtifactRef) -> ArtifactRef:
+    """``curriculum.seed_tasks``: a WebArena-Lite-format task file whose tasks the phase-0 actor rolls out, so that
+    phase 1 has failures to evolve from (WebRL issue #34: the SFT model on the original training tasks)."""
+    if settings.sites.mode == "embedded":  # placeholders stay: the embedded sites fill them per episode
+        tasks = load_webarena_tasks(seed_ref.path, {}, missing="keep")
+    else:
+        tasks = load_webarena_tasks(seed_ref.path, settings.sites.urls, missing="error")
+    if not tasks:
+        raise ValueError(f"curriculum.seed_tasks {seed_ref.path}: no tasks")
+    TrajectoryStore(run_dir).write_tasks([to_task_row(t, 0, "seed", family=t.get("family")) for t in tasks])
+    return write_json(tasks, phase_dir(run_dir, "tasks", 0) / "seed_tasks.json")
+
+
 @stage()
 def materialise_tasks(run_dir: str, phase: int, tasks_ref: ArtifactRef) -> ArtifactRef:
     """Record the phase's tasks in the store and write one WebArena-Lite config per task."""

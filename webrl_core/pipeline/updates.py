@@ -5,7 +5,6 @@ or an accelerate job (``webrl_core.launch``, section ``training``)."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -16,15 +15,26 @@ from webrl_core.pipeline.stage import stage
 from webrl_core.rundir import output_key, publish, read_jsonl, versioned
 
 
-def train_or_carry_over(out: Path, real: Path, samples: list[dict], prev_ref: ArtifactRef,
-                        train: Callable[[list[dict], Path], dict]) -> tuple[ArtifactRef, dict]:
-    """Train into ``real`` and publish it as ``out``; with no samples (no new data, no replay) the previous
-    model carries over unchanged, recorded as skipped."""
-    if samples:
-        metrics = numeric(train(samples, real))
-    else:
-        shutil.copytree(prev_ref.path, real)
-        metrics = {"n_samples": 0.0, "skipped": 1.0}
+class NoTrainingData(RuntimeError):
+    """A phase update has no samples: the phase would hand on the previous model as if it had trained it."""
+
+
+def train_model(what: str, phase: int, out: Path, real: Path, samples: list[dict],
+                train: Callable[[list[dict], Path], dict]) -> tuple[ArtifactRef, dict]:
+    """Train into ``real`` and publish it as ``out``. With no samples (no labelled transitions, no replay) the
+    phase fails: a model is never carried over as the phase's output."""
+    if not samples:
+        raise NoTrainingData(
+            f"phase {phase}: the {what} update has 0 samples (no labelled transitions of this phase and no replay "
+            f"of earlier successes); refusing to publish phase {phase - 1}'s {what} as phase {phase}'s. Check the "
+            f"phase's rollouts (rollout_episodes, unscored) and, for phase 1, that phase 0 had seed rollouts "
+            f"(curriculum.seed_tasks)")
+    metrics = numeric(train(samples, real))
+    if metrics.get("n_train") == 0:  # every sample masked out (the actor learns from positive advantages only)
+        raise NoTrainingData(
+            f"phase {phase}: the {what} update kept 0 of {len(samples)} samples (none with a positive advantage: no "
+            f"success among the phase's episodes and no replayed success); refusing to publish phase {phase - 1}'s "
+            f"{what} unchanged as phase {phase}'s")
     publish(out, real)
     return ArtifactRef.of(real, "model"), metrics
 
@@ -35,8 +45,8 @@ def update_critic(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, 
     """Critic k from critic k-1 on the phase's transitions and the replay set."""
     out = Path(run_dir) / "models" / f"phase={phase}" / "critic"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, backbone_ref, prev_critic_ref))
-    return train_or_carry_over(
-        out, real, read_jsonl(samples_ref) + read_jsonl(replay_ref), prev_critic_ref,
+    return train_model(
+        "critic", phase, out, real, read_jsonl(samples_ref) + read_jsonl(replay_ref),
         lambda samples, dst: launch.train_critic(samples, backbone_ref.path, dst, settings,
                                                  resume=prev_critic_ref.path))
 
@@ -47,6 +57,6 @@ def update_actor(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, r
     """Actor k from actor k-1 (also the KL reference) with advantages from critic k."""
     out = Path(run_dir) / "models" / f"phase={phase}" / "actor"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, actor_ref, critic_ref))
-    return train_or_carry_over(
-        out, real, read_jsonl(samples_ref) + read_jsonl(replay_ref), actor_ref,
+    return train_model(
+        "actor", phase, out, real, read_jsonl(samples_ref) + read_jsonl(replay_ref),
         lambda samples, dst: launch.train_actor(samples, actor_ref.path, dst, settings, critic_dir=critic_ref.path))

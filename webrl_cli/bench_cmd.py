@@ -33,3 +33,42 @@ def bench_memory(model: str = typer.Option(None, help="HF model folder or config
 
     run(model=model, seq=seq, batch=batch, lora_r=lora_r, gpus=gpus, lora_dropout=lora_dropout,
         fmt="markdown" if markdown else "table", out=out)
+
+
+@app.command("serving")
+def bench_serving(model: str = typer.Option(..., help="HF model folder to serve (the actor checkpoint)"),
+                  engines: str = typer.Option("webrl,vllm", help="comma-separated serving engines to compare"),
+                  requests: int = typer.Option(32, help="prompts sent (each a WebRL prompt on an oracle page)"),
+                  concurrency: int = typer.Option(8, help="requests in flight at once (like env.n_envs browsers)"),
+                  max_tokens: int = typer.Option(48, help="tokens generated per request (greedy)"),
+                  vllm_python: str = typer.Option(".venv-vllm/bin/python", help="vLLM's interpreter"),
+                  config: str = typer.Option("smoke", help="config for models.* and serving.*"),
+                  set_: list[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
+    """Start each serving engine for one checkpoint, as the serving stage does, and print its startup time and
+    generated tokens/s."""
+    import tempfile
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from webrl_core.bench.serving import bench_engine
+    from webrl_core.config import load_config
+    from webrl_core.prompts import build_prompt
+    from webrl_core.sites.tasks import train_tasks
+
+    prompts = [build_prompt(t["intent"], [], f"<html><body><h1>{t['sites'][0]}</h1><a id=\"1\">{t['intent']}</a>"
+                            f"<button id=\"2\">Search</button></body></html>") for t in train_tasks(requests, seed=5)]
+    rows = []
+    with tempfile.TemporaryDirectory() as run_dir:
+        for engine in [e.strip() for e in engines.split(",") if e.strip()]:
+            extra = [f"serving.engine={engine}", "policy.backend=openai"]
+            if engine == "vllm":
+                extra += [f"serving.python={vllm_python}", "serving.env={VLLM_CPU_KVCACHE_SPACE: '1'}"]
+            s = load_config(config, sets=[*extra, *set_])
+            rows.append(bench_engine(s, model, prompts, max_tokens, concurrency, run_dir))
+    t = Table(title=f"serving {model}: {requests} requests, {concurrency} in flight, {max_tokens} tokens each")
+    for col in ("engine", "startup_s", "completion_tokens", "wall_s", "tokens_per_s"):
+        t.add_column(col, justify="left" if col == "engine" else "right")
+    for r in rows:
+        t.add_row(*(str(r[c]) for c in ("engine", "startup_s", "completion_tokens", "wall_s", "tokens_per_s")))
+    Console().print(t)

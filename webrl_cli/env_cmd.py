@@ -101,7 +101,8 @@ def play_cmd(
     if Path(target).is_file():
         data = json.loads(Path(target).read_text())
         task = data[index] if isinstance(data, list) else data
-        hooks = WebArenaHooks(settings.sites.urls, settings.sites.auth_dir) if settings.sites.urls else NoHooks()
+        hooks = (WebArenaHooks(settings.sites.urls, settings.sites.auth_dir, reset_command=settings.sites.reset_command)
+                 if settings.sites.urls else NoHooks())
     else:
         task = {"task_id": "play", "intent": "(interactive)", "start_url": target, "sites": []}
         hooks = NoHooks(allowed=[url_host(target)] if url_host(target) else [])

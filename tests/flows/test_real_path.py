@@ -23,8 +23,10 @@ from webrl_core.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 WEBRL = str(Path(sys.executable).parent / "webrl")
+# small, and a wider replay window: a few minutes of SFT leave the tiny model's 1/PPL on its demonstrations mostly
+# below the paper's 0.5 (the full webarena-local config replays 77 of 299 with the paper's window)
 SMALL = ["env.n_envs=2", "env.max_steps=4", "curriculum.tasks_per_phase=3", "eval.max_tasks=3",
-         "bootstrap.sft_epochs=3", "policy.max_new_tokens=32"]
+         "bootstrap.sft_epochs=4", "policy.max_new_tokens=32", "replay.low=0.2"]
 
 
 def _run(cwd: Path, env: dict, *args: str, timeout: int = 1200) -> str:
@@ -66,7 +68,7 @@ def test_webarena_local_closes_the_phase_loop(tmp_path, served_sites):
     env = served_sites
     _run(tmp_path, env, "webarena", "login")
     assert (tmp_path / ".auth" / "shopping_state.json").is_file()
-    _run(tmp_path, env, "webarena", "local-setup", "--demo-tasks", "24", "--seed-tasks", "6", "--n-envs", "2")
+    _run(tmp_path, env, "webarena", "local-setup", "--demo-tasks", "40", "--seed-tasks", "6", "--n-envs", "2")
     inputs = tmp_path / "runs" / "webarena-local-inputs"
     demos = json.loads((inputs / "sft_demos.sharegpt.json").read_text())
     assert demos and demos[0]["conversations"][0]["from"] == "human"
@@ -91,8 +93,7 @@ def test_webarena_local_closes_the_phase_loop(tmp_path, served_sites):
     assert by[(0, "eval")] == served[0] and by[(1, "eval")] == served[1] and by[(2, "eval")] == served[2]
     for k in (1, 2):
         report = json.loads((run / "reports" / f"phase={k}.json").read_text())
-        metrics = report.get("metrics", report)
-        assert metrics["actor_n_train"] > 0 and metrics["critic_n_train"] > 0
+        assert report["actor_n_train"] > 0 and report["critic_steps"] > 0 and report["replay_kept"] > 0
     logs = sorted(p.name for p in (run / "serving").iterdir())
     assert logs == sorted(f"webrl-{a.sha256[:12]}.log" for a in actors)
     assert not _engines()

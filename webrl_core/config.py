@@ -60,6 +60,13 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def _loopback_host(v: str) -> str:
+    """Servers bind to loopback only."""
+    if v not in ("127.0.0.1", "localhost", "::1"):
+        raise ValueError(f"host {v!r} is not loopback; allowed: '127.0.0.1', 'localhost', '::1'")
+    return v
+
+
 def _existing_path(value: str | None, field: str) -> str | None:
     if value in (None, ""):
         return None
@@ -111,9 +118,7 @@ class SitesConfig(Section):
     @field_validator("host")
     @classmethod
     def _loopback(cls, v: str) -> str:
-        if v not in ("127.0.0.1", "localhost", "::1"):
-            raise ValueError(f"host {v!r} is not loopback; allowed: '127.0.0.1', 'localhost', '::1'")
-        return v
+        return _loopback_host(v)
 
 
 class EnvConfig(Section):
@@ -232,9 +237,7 @@ class ServingConfig(Section):
     @field_validator("host")
     @classmethod
     def _loopback(cls, v: str) -> str:
-        if v not in ("127.0.0.1", "localhost", "::1"):
-            raise ValueError(f"host {v!r} is not loopback; allowed: '127.0.0.1', 'localhost', '::1'")
-        return v
+        return _loopback_host(v)
 
 
 class PolicyConfig(Section):

@@ -251,16 +251,20 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
         wake.set()
         return await fut
 
-    def envelope(kind: str, choice: dict) -> dict:
+    def envelope(kind: str, choice: dict, prompt: str, text: str) -> dict:
+        n_prompt = len(policy.tok(prompt, add_special_tokens=False).input_ids)
+        n_text = len(policy.tok(text, add_special_tokens=False).input_ids)
         return {"id": f"{kind}-{uuid.uuid4().hex[:12]}", "object": kind, "created": int(time.time()),
-                "model": model_name, "choices": [choice]}
+                "model": model_name, "choices": [choice],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_text, "total_tokens": n_prompt + n_text}}
 
     async def completions(request: Request) -> JSONResponse:
         body = await request.json()
         if not isinstance(body.get("prompt"), str):
             return JSONResponse({"error": {"message": "'prompt' must be a string"}}, status_code=400)
         text = await submit(body["prompt"], body)
-        return JSONResponse(envelope("text_completion", {"index": 0, "text": text, "finish_reason": "stop"}))
+        return JSONResponse(envelope("text_completion", {"index": 0, "text": text, "finish_reason": "stop"},
+                                     body["prompt"], text))
 
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()
@@ -274,7 +278,8 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
             prompt = msgs[-1]["content"]
         text = await submit(prompt, body)
         return JSONResponse(envelope("chat.completion", {"index": 0, "finish_reason": "stop",
-                                                         "message": {"role": "assistant", "content": text}}))
+                                                         "message": {"role": "assistant", "content": text}},
+                                     prompt, text))
 
     async def models(request: Request) -> JSONResponse:
         # the checkpoint's digest lets a client put the served weights into its episodes' identity

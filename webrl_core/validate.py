@@ -23,6 +23,7 @@ Every failure is a ``BadInputError`` (a ``ValueError``); ``webrl`` prints it wit
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import tempfile
 import time
@@ -306,10 +307,16 @@ def check_real_path(settings: WebRLSettings, flow: str) -> None:
         raise BadInputError("a real model's phase 0 (bootstrap.sft_data / bootstrap.sft_actor) trains no ORM: "
                             "models.orm must name the ORM's HF folder")
     sv = settings.serving
-    if settings.policy.backend == "openai" and sv.engine != "external" and sv.python:
-        if not (Path(sv.python).is_file() and os.access(sv.python, os.X_OK)):
-            raise BadInputError(f"serving.python={sv.python!r} is not an executable file (for vLLM: bash "
-                                f"infra/setup_vllm.sh, then serving.python=.venv-vllm/bin/python)")
+    if settings.policy.backend != "openai" or sv.engine == "external":
+        return
+    if sv.python and not (Path(sv.python).is_file() and os.access(sv.python, os.X_OK)):
+        raise BadInputError(f"serving.python={sv.python!r} is not an executable file (for vLLM: bash "
+                            f"infra/setup_vllm.sh, then serving.python=.venv-vllm/bin/python)")
+    module = {"vllm": "vllm", "sglang": "sglang"}.get(sv.engine)
+    if module and not sv.command and not sv.python and importlib.util.find_spec(module) is None:
+        raise BadInputError(f"serving.engine={sv.engine}: {module} is not installed in this environment; install it "
+                            f"in its own (bash infra/setup_vllm.sh for vLLM) and set serving.python to its "
+                            f"interpreter (e.g. .venv-vllm/bin/python)")
 
 
 def preflight(settings: WebRLSettings, run_dir: str | os.PathLike, *, model: str | None = None,

@@ -101,8 +101,10 @@ def play_cmd(
     if Path(target).is_file():
         data = json.loads(Path(target).read_text())
         task = data[index] if isinstance(data, list) else data
-        hooks = (WebArenaHooks(settings.sites.urls, settings.sites.auth_dir, reset_command=settings.sites.reset_command)
-                 if settings.sites.urls else NoHooks())
+        from webrl_core.env.webarena_login import LOGIN_SITES
+
+        hooks = (WebArenaHooks(settings.sites.urls, settings.sites.auth_dir, reset_command=settings.sites.reset_command,
+                               login_sites=LOGIN_SITES) if settings.sites.urls else NoHooks())
     else:
         task = {"task_id": "play", "intent": "(interactive)", "start_url": target, "sites": []}
         hooks = NoHooks(allowed=[url_host(target)] if url_host(target) else [])

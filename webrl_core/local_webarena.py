@@ -23,6 +23,7 @@ from typing import Any
 
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.sft_data import episode_pairs, write_sharegpt
+from webrl_core.websites import SITES
 
 INPUT_FILES = {"base_model": "base-model", "orm": "orm-model", "sft_data": "sft_demos.sharegpt.json",
                "seed_tasks": "seed_tasks.raw.json", "test_set": "test_tasks.raw.json"}
@@ -56,9 +57,10 @@ def oracle_demonstrations(tasks: list[dict], urls: dict[str, str], env_cfg: Any,
     the prompts are exactly what the actor will see there."""
     from webrl_core.env.browser import WebArenaHooks
     from webrl_core.env.rollout import run_rollout
+    from webrl_core.env.webarena_login import LOGIN_SITES
     from webrl_core.sites.oracle import OraclePolicy
 
-    hooks = WebArenaHooks(urls, auth_dir=auth_dir)
+    hooks = WebArenaHooks(urls, auth_dir=auth_dir, login_sites=LOGIN_SITES)
     eps = run_rollout(tasks, OraclePolicy(), env_cfg.n_envs, cfg=env_cfg, hooks=hooks, purpose="oracle",
                       progress=True, prompt_compat=compat)
     return episode_pairs(eps, {e["episode_id"]: e["steps"] for e in eps})
@@ -73,7 +75,7 @@ def prepare_local_inputs(out_dir: str | Path, urls: dict[str, str], *, demo_task
     from webrl_core.prompts import build_orm_prompt
     from webrl_core.sites.tasks import test_set, train_tasks
 
-    missing = sorted({"shopping", "shopping_admin", "gitlab", "reddit", "map"} - set(urls))
+    missing = sorted(set(SITES) - set(urls))
     if missing:
         raise ValueError(f"no URL for site(s) {missing}: start `webrl sites serve` and export the SHOPPING, "
                          f"SHOPPING_ADMIN, GITLAB, REDDIT, MAP variables it prints")

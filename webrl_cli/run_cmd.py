@@ -84,6 +84,31 @@ def demo(config: str = typer.Option("demo", help="config (path or packaged name)
                f"store:    webrl store stats {rd}\nMLflow:   webrl serve mlflow --run-dir {rd}")
 
 
+@app.command("ablate")
+def ablate(config: str = typer.Option("demo", help="config"),
+           phases: int = typer.Option(4, help="WebRL phases per variant"),
+           seeds: str = typer.Option("0,1", help="comma-separated run seeds; each gets its own bootstrap"),
+           variants: str = typer.Option("webrl,no-replay,no-kl-no-replay",
+                                        help="comma-separated variants (webrl_core.ablation.VARIANTS)"),
+           run_dir: Optional[str] = typer.Option(None, help="ablation directory (default <run.root>/<run.name>-ablate)"),
+           set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
+    """The paper's Fig. 5 ablation: WebRL vs without replay vs without KL and replay, from one bootstrap per seed;
+    prints the table (mean and range over seeds) and writes the plot."""
+    from webrl_core import ablation
+
+    chosen = [v.strip() for v in variants.split(",") if v.strip()]
+    for v in chosen:
+        ablation.variant_overrides(v)  # an unknown name fails before Prefect starts
+    seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+    _load(config, set_)
+    from flows.ablate import webrl_ablate
+
+    out = webrl_ablate(config=config, phases=phases, seeds=seed_list, variants=chosen, run_dir=run_dir,
+                       overrides=set_)
+    typer.echo(ablation.markdown(out["summary"]) + out["order"])
+    typer.echo(f"plot: {out['plot']}")
+
+
 @app.command("train")
 def train(config: str = typer.Option("demo", help="config"), phases: Optional[int] = typer.Option(None, help="phases"),
           run_dir: Optional[str] = typer.Option(None, help="run directory (default <run.root>/<run.name>)"),

@@ -262,13 +262,38 @@ async def _press_enter(page, timeout: int) -> None:
         await page.keyboard.press("Enter")
 
 
+# Does a click on this element open a new tab (a link or form with a target other than this frame's)?
+_OPENS_TAB_JS = """e => { const a = e.closest('a[target], area[target]') || (e.form && e.form.target ? e.form : null);
+  const t = a ? (a.getAttribute('target') || '').toLowerCase() : '';
+  return t !== '' && !['_self', '_parent', '_top'].includes(t); }"""
+
+
+async def _click_opening_tab(page, loc, timeout: int, settle_timeout_ms: int) -> None:
+    """Click and wait for the tab it opens: the context's page event arrives asynchronously, and on a loaded
+    machine it came after the next observation (the env then stayed on the old tab). A tab that does not open
+    within the settle time (a blocked popup) is not an error of the click."""
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    clicked = False
+    try:
+        async with page.context.expect_page(timeout=max(settle_timeout_ms, 1000)):
+            await loc.click(timeout=timeout)
+            clicked = True
+    except PlaywrightTimeout:
+        if not clicked:  # the click itself timed out
+            raise
+
+
 async def execute(page, action: Action, *, viewport_height: int, timeout_ms: int, type_replaces: bool = True,
                   settle_timeout_ms: int = 3000) -> None:
     """Run one parsed (non-exit) action on the page. Raises ``ActionError`` (or a Playwright error)."""
     name, t = action.name, timeout_ms
     if name in ("Click", "Right Click"):
         loc = await _locate(page, action.element)
-        await loc.click(timeout=t, button="right" if name == "Right Click" else "left")
+        if name == "Click" and await loc.evaluate(_OPENS_TAB_JS):
+            await _click_opening_tab(page, loc, t, settle_timeout_ms)
+        else:
+            await loc.click(timeout=t, button="right" if name == "Right Click" else "left")
     elif name in ("Type", "Search"):
         loc = await _locate(page, action.element)
         await _type(page, loc, action.argument or "", type_replaces, t)

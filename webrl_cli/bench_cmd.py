@@ -72,3 +72,18 @@ def bench_serving(model: str = typer.Option(..., help="HF model folder to serve 
     for r in rows:
         t.add_row(*(str(r[c]) for c in ("engine", "startup_s", "completion_tokens", "wall_s", "tokens_per_s")))
     Console().print(t)
+
+
+@app.command("sft")
+def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/models/actor settings are measured"),
+              demos: int = typer.Option(150, help="training tasks the oracle demonstrates (the SFT data)"),
+              val_tasks: int = typer.Option(80, help="validation tasks: training pool, intents unlike the demos'"),
+              run_dir: str = typer.Option("runs/bench-sft", help="bench run dir (demos and episodes are reused)"),
+              set_: list[str] = typer.Option([], "--set", "-s", help="section.key=value overrides"),
+              out: str = typer.Option(None, help="write the numbers as JSON to this file")):
+    """Phase-0 SFT of one setting, measured on a validation split of the training pool (never the test set):
+    SFT seconds and tokens/s, validation success, unparseable steps, typed arguments taken from the intent."""
+    from webrl_core.bench.sft import run
+    from webrl_core.config import load_config
+
+    run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, out=out)

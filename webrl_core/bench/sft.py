@@ -19,7 +19,7 @@ import re
 import time
 from pathlib import Path
 
-from webrl_core.artifacts import ArtifactRef, write_json
+from webrl_core.artifacts import ArtifactRef, read_json, write_json
 from webrl_core.env.webarena import to_task_row
 from webrl_core.pipeline import bootstrap, experience, task_sets
 from webrl_core.sites.tasks import train_tasks
@@ -63,7 +63,7 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, out: str | No
     t0 = time.perf_counter()
     actor, sft = bootstrap.sft_actor(settings, run_dir, tok, demo_set)
     sft_s = time.perf_counter() - t0
-    intents = {t["intent"] for t in json.loads(Path(demo_ref.path).read_text())}
+    intents = {t["intent"] for t in read_json(demo_ref)}
     val_ref = validation_tasks(settings, run_dir, val_tasks, intents)
     t0 = time.perf_counter()
     val = experience.rollout(settings, run_dir, 0, "eval", val_ref, actor, settings.policy.eval_temperature)

@@ -262,10 +262,12 @@ async def _press_enter(page, timeout: int) -> None:
         await page.keyboard.press("Enter")
 
 
-# Does a click on this element open a new tab (a link or form with a target other than this frame's)?
-_OPENS_TAB_JS = """e => { const a = e.closest('a[target], area[target]') || (e.form && e.form.target ? e.form : null);
-  const t = a ? (a.getAttribute('target') || '').toLowerCase() : '';
-  return t !== '' && !['_self', '_parent', '_top'].includes(t); }"""
+# Does a click on this element open a new tab: a link with a target other than this frame's, or a submit control
+# whose formtarget / form target is one (a click in a text field of such a form submits nothing)?
+_OPENS_TAB_JS = """e => { const link = e.closest('a[target], area[target]');
+  const submits = e.form && (e.type === 'submit' || e.type === 'image');
+  const t = (link ? link.getAttribute('target') : submits ? (e.getAttribute('formtarget') || e.form.target) : '') || '';
+  return t !== '' && !['_self', '_parent', '_top'].includes(t.toLowerCase()); }"""
 
 
 async def _click_opening_tab(page, loc, timeout: int, settle_timeout_ms: int) -> None:

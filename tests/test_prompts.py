@@ -72,6 +72,23 @@ def test_default_format_is_unchanged():
                                compat="webrl") == out["chat_1"]
 
 
+def test_restated_format_repeats_the_intent_before_the_action():
+    """``webrl_restated``: the default layout, the current round ending with the task line again; the budget counts
+    it, so the page is cut first; chat and ORM prompts are the default ones."""
+    plain = build_prompt("Buy a lamp", [R0, R1], "<html>page2</html>")
+    restated = build_prompt("Buy a lamp", [R0, R1], "<html>page2</html>", compat="webrl_restated")
+    assert restated == plain.replace("<html>page2</html>", "<html>page2</html>\n\nTask Instruction: Buy a lamp")
+    assert restated.endswith(f"<html>page2</html>\n\nTask Instruction: Buy a lamp\n\n{A}\n")
+    long_page = "<p>" + "x" * 5000 + "</p>"
+    cut = build_prompt("Buy a lamp", [R0], long_page, budget=800, compat="webrl_restated")
+    assert len(cut) == 800 and cut.endswith(f"\n\nTask Instruction: Buy a lamp\n\n{A}\n")
+    assert round0_prompt("Buy a lamp", "<b>h</b>", compat="webrl_restated").count("Task Instruction:") == 2
+    assert build_orm_prompt("Buy a lamp", [R0], "<b>f</b>", compat="webrl_restated") == \
+        build_orm_prompt("Buy a lamp", [R0], "<b>f</b>")
+    assert build_chat_messages("Buy a lamp", [R0], "<b>p</b>", compat="webrl_restated") == \
+        build_chat_messages("Buy a lamp", [R0], "<b>p</b>")
+
+
 # --- the data file ------------------------------------------------------------------------------------------
 
 def test_official_data_file_names_its_sources():

@@ -152,9 +152,11 @@ class PromptConfig(Section):
     style: Literal["completion", "chat"] = Field(
         "completion", description="completion: WebRL raw prompt; chat: messages through the tokenizer's chat "
         "template (instruction-tuned models)")
-    compat: Literal["webrl", "official"] = Field(
+    compat: Literal["webrl", "official", "webrl_restated"] = Field(
         "webrl", description="webrl: our wording of the official format (models we train); official: the exact "
-        "input strings the released WebRL actor and ORM checkpoints were trained on, so they can be dropped in")
+        "input strings the released WebRL actor and ORM checkpoints were trained on, so they can be dropped in; "
+        "webrl_restated: webrl with the task instruction repeated after the current page, right before the action "
+        "(a small from-scratch model copies names from a few tokens back)")
 
 
 class LoraConfig(Section):
@@ -173,6 +175,13 @@ class EmbeddedModelConfig(Section):
     num_heads: int = Field(4, ge=1, description="attention heads of the embedded Llama")
     max_length: int = Field(2048, ge=64, description="max tokens (positions) of the embedded models")
     arch: Literal["llama", "qwen2", "gpt_neox"] = Field("llama", description="architecture of the embedded model")
+    entity_tokens: bool = Field(
+        False, description="embedded sites: every named thing of the sites' data (product, customer, place, post, "
+        "issue, project and user names, order numbers) is one token of the embedded tokenizer, so typing a name "
+        "from the intent is copying one token (a from-scratch model does not learn to copy multi-token names)")
+    tie_embeddings: bool = Field(
+        False, description="share the input embedding and the LM head: a copied token scores highest by its own "
+        "embedding, also for tokens rarely seen in training")
 
 
 class ModelsConfig(Section):
@@ -374,6 +383,11 @@ class BootstrapConfig(Section):
     sft_loss: Literal["completion", "all"] = Field(
         "completion", description="bootstrap SFT loss on the action tokens only (TRL default), or on the prompt too "
         "(a from-scratch model learns the page format and copying from it much faster)")
+    sft_entity_swap: float = Field(
+        0.0, ge=0.0, le=1.0, description="embedded sites: share of SFT pairs whose entity names (products, places, "
+        "users, ...) are replaced by random names of the same kind, in the intent, page and action alike, drawn "
+        "anew each epoch (webrl_core/entity_swap.py): the typed name can then only be copied from the intent, not "
+        "memorised")
     n_shards: int = Field(2, ge=1, description="rollout shards mapped as separate Prefect tasks")
 
     @field_validator("sft_actor", "sft_data")

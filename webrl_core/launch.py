@@ -99,13 +99,14 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
 
 
 def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str | Path, settings,
-              max_steps: int | None = None, *, training: TrainingConfig | None = None, log: Log = print) -> dict:
+              max_steps: int | None = None, *, epochs: float | None = None, training: TrainingConfig | None = None,
+              log: Log = print) -> dict:
     """``training.sft_train`` in-process or as an accelerate job."""
     tc = _training_config(settings, training)
     if tc.launcher == "inprocess":
         from webrl_core import training as tr
-        return tr.sft_train(pairs, model_dir, out_dir, settings, max_steps=max_steps)
-    args = {"model_dir": model_dir, "out_dir": out_dir, "max_steps": max_steps}
+        return tr.sft_train(pairs, model_dir, out_dir, settings, max_steps=max_steps, epochs=epochs)
+    args = {"model_dir": model_dir, "out_dir": out_dir, "max_steps": max_steps, "epochs": epochs}
     return run_job("sft", [list(p) for p in pairs], args, per_rank_settings(settings, "sft", tc.num_processes), tc,
                    log)
 

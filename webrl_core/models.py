@@ -440,8 +440,10 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 # ---------------------------------------------------------------------------------------------
 # embedded default models
 
-def train_embedded_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike):
-    """Byte-level BPE on our own corpus, saved as an HF tokenizer folder; returns the loaded tokenizer."""
+def train_embedded_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | os.PathLike,
+                             whole_tokens: Iterable[str] = ()):
+    """Byte-level BPE on our own corpus, saved as an HF tokenizer folder; returns the loaded tokenizer.
+    ``whole_tokens`` (e.g. the sites' entity names) become single tokens, matched before BPE (longest first)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -453,6 +455,7 @@ def train_embedded_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str
     bpe.train_from_iterator(list(texts), trainer=trainer)
     # YES / NO: single ids for the ORM decision, matched before BPE so they never split.
     bpe.add_tokens([AddedToken(t, single_word=False, normalized=False, special=False) for t in ORM_ANSWER_TOKENS])
+    bpe.add_tokens([AddedToken(t, single_word=True, normalized=False, special=False) for t in whole_tokens])
     bos_id = bpe.token_to_id(BOS)
     # tok(text) adds BOS like Llama-3 does, so servers (vLLM) and our code see the same ids.
     bpe.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A $B",
@@ -470,7 +473,8 @@ def _arch_config(arch: str, tok, cfg: EmbeddedModelConfig):
     common = dict(vocab_size=len(tok), hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                   num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                   max_position_embeddings=cfg.max_length, bos_token_id=tok.bos_token_id,
-                  eos_token_id=stop_token_id(tok), pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+                  eos_token_id=stop_token_id(tok), pad_token_id=tok.pad_token_id,
+                  tie_word_embeddings=cfg.tie_embeddings)
     if cfg.hidden_size % cfg.num_heads:
         raise ValueError(f"models.embedded.hidden_size={cfg.hidden_size} is not divisible by num_heads={cfg.num_heads}")
     if arch == "llama":

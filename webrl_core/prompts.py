@@ -23,6 +23,9 @@ Two formats (``prompt.compat``; every builder takes ``compat=``, default ``"webr
 
 * ``"webrl"`` (default, for the models we train): the layout above in our wording. The completion prompt has the
   official layout; the budget counts the whole prompt shell; the chat messages and the ORM system text are ours.
+* ``"webrl_restated"``: ``"webrl"`` with the current round ending in ``\n\nTask Instruction: I`` after h_k, right
+  before the action (completion prompt only; chat and ORM as ``"webrl"``). A small model trained from scratch then
+  copies a name from the intent a few tokens back instead of across the whole page (the embedded default's choice).
 * ``"official"``: the exact input strings the released checkpoints (WebRL-Llama-3.1-8B actor, the WebRL ORM) were
   trained on, so they can be dropped in. The strings are data, read once from ``prompt_formats/official.json``,
   where each one names its source:
@@ -58,7 +61,7 @@ STOP_TOKEN = EOT
 SPECIAL_TOKENS = ["<pad>", BOS, EOT, "<|start_header_id|>", "<|end_header_id|>"]
 DEFAULT_BUDGET = 16384 - 512
 
-COMPATS = ("webrl", "official")
+COMPATS = ("webrl", "official", "webrl_restated")
 OFFICIAL_FORMAT_FILE = Path(__file__).with_name("prompt_formats") / "official.json"
 
 
@@ -131,9 +134,10 @@ def build_prompt(intent: str, past_responses: list[str], html: str, budget: int 
     for i, resp in enumerate(past_responses):
         head += _round(i, intent if i == 0 else HTML_PLACEHOLDER, resp)
     k = len(past_responses)
-    shell = head + _round(k, "", None)
+    restated = f"\n\nTask Instruction: {intent}" if compat == "webrl_restated" else ""
+    shell = head + _round(k, restated, None)
     room = max(0, budget - len(shell))
-    return head + _round(k, html[:room], None)
+    return head + _round(k, html[:room] + restated, None)
 
 
 def round0_prompt(intent: str, start_html: str, budget: int = DEFAULT_BUDGET, *, compat: str = "webrl") -> str:

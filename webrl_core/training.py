@@ -626,14 +626,15 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
 
 
 def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str | Path, settings,
-              max_steps: int | None = None) -> dict:
+              max_steps: int | None = None, epochs: float | None = None) -> dict:
     """Bootstrap SFT of the actor on (prompt, action) pairs with TRL's SFTTrainer, completion-only loss.
 
     The prompt-completion examples are tokenised by ``models.encode_prompt_action`` (prompt ids + action ids +
     stop, observation cut first) and given to SFTTrainer as ``input_ids`` + ``completion_mask``, so the loss
     covers exactly the action and its stop token (``bootstrap.sft_loss: all``: every token, for from-scratch
     models). LR, epochs and loss come from the ``bootstrap`` section; batch sizes and clipping from ``actor``
-    (the model trained is the actor). The recipe (cosine schedule, 10% warm-up) is the official SFT's
+    (the model trained is the actor); ``epochs`` overrides ``bootstrap.sft_epochs`` (pairs that already hold
+    several augmented passes). The recipe (cosine schedule, 10% warm-up) is the official SFT's
     (``LLaMA-Factory/examples/train_full/llama3_full_policy_web.yaml``)."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -641,9 +642,10 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     if not pairs:
         raise ValueError("sft_train: no (prompt, action) pairs")
     a, boot = settings.actor, settings.bootstrap
+    epochs = boot.sft_epochs if epochs is None else epochs
     out_dir = Path(out_dir)
     micro, accum = actor_micro_batches(settings)
-    args = _trainer_args(SFTConfig, out_dir, settings, boot.sft_lr, boot.sft_epochs, micro, accum,
+    args = _trainer_args(SFTConfig, out_dir, settings, boot.sft_lr, epochs, micro, accum,
                          a.max_grad_norm, max_steps, scheduler="cosine", warmup=0.1,  # the paper's SFT recipe
                          completion_only_loss=boot.sft_loss == "completion", max_length=settings.models.max_length,
                          gradient_checkpointing=settings.models.gradient_checkpointing)
@@ -669,7 +671,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
         save_model(full, tok, out_dir)
     trainer.accelerator.wait_for_everyone()
     return {"n_pairs": len(pairs), "train_s": round(train_s, 3), "train_loss": result.training_loss,
-            "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * boot.sft_epochs),
+            "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * epochs),
             **counts, "loss_curve": _loss_curve(trainer)}
 
 

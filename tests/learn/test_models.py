@@ -153,3 +153,29 @@ def test_alignment_exact_and_truncation_cuts_observation(tok_dir):
     assert "word299" not in kept_prompt
     with pytest.raises(ValueError, match="max_length"):
         encode_prompt_action(tok, prompt, ACTION, len(action_ids))
+
+
+def test_whole_tokens_are_one_token_in_every_context(tmp_path):
+    """Entity names (``models.embedded.entity_tokens``) are one token in the intent, in an action's argument and on
+    the page alike, so typing a name from the intent is copying one id; a longer word that merely starts with one
+    is not cut."""
+    names = ["Maple Hotel", "Brightwell Grip Water Bottle", "001132"]
+    tok = train_embedded_tokenizer(corpus(), 400, tmp_path / "tok", whole_tokens=names)
+    ids = {n: tok.convert_tokens_to_ids(n) for n in names}
+    assert len(set(ids.values())) == 3 and tok.unk_token_id not in ids.values()
+    for text in ("Put the Brightwell Grip Water Bottle in my cart.",
+                 'do(action="Search", argument="Brightwell Grip Water Bottle", element="3")',
+                 '<a id="4">Brightwell Grip Water Bottle</a>'):
+        assert ids["Brightwell Grip Water Bottle"] in tok(text).input_ids, text
+    assert ids["001132"] in tok("Change the status of order #001132 to Canceled.").input_ids
+    assert ids["Maple Hotel"] not in tok("Maple Hotels downtown").input_ids
+    text = "Show me Maple Hotel on the map."
+    assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+
+
+def test_tied_embeddings(tok_dir, tmp_path):
+    cfg = tiny("llama").model_copy(update={"tie_embeddings": True})
+    model = load_causal_lm(build_embedded_model(tok_dir, cfg, tmp_path / "tied"), ModelsConfig(), trainable=True)
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    untied = load_causal_lm(build_embedded_model(tok_dir, tiny("llama"), tmp_path / "untied"), ModelsConfig())
+    assert count_parameters(model)["total_params"] < count_parameters(untied)["total_params"]

@@ -60,3 +60,19 @@ def test_vary_task_keeps_family_and_rebuilds_the_evaluator():
         # the evaluator is the family's, for the NEW instantiation (rebuilding it gives the same thing)
         fam = FAMILIES[v["family"]]
         assert fam.build(v["instantiation_dict"], site_data(0))["eval"] == v["eval"]
+
+
+def test_entity_names_cover_what_intents_name():
+    """``entity_names`` (the embedded tokenizer's whole tokens): the sites' named things, sorted and unique, from
+    every site; nearly every held-out intent names one (the rest name a category or a month)."""
+    from webrl_core.sites.data import entity_names
+
+    names = entity_names(0)
+    assert names == sorted(set(names)) and "" not in names
+    data = site_data(0)
+    assert {p["name"] for p in data["map"]["places"]} <= set(names)
+    assert {c["name"] for c in data["shopping_admin"]["customers"]} <= set(names)
+    assert {u["username"] for u in data["gitlab"]["users"]} <= set(names)
+    naming = [t for t in held_out_set() if any(n in t["intent"] for n in names)]
+    assert len(naming) >= 0.9 * 165
+    assert entity_names(1) != names  # another data seed, other things

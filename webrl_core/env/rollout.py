@@ -5,7 +5,7 @@ Contract:
 * ``n_envs`` workers each own a ``WebEnv`` (slot i -> browser process i // contexts_per_browser) and take
   (task, attempt) jobs from a queue;
 * every worker that needs an action puts its prompt (``build_prompt(intent, past_responses, html,
-  cfg.obs_char_budget, compat=prompt_compat)``; ``prompt_compat``: "webrl" or "official", see
+  cfg.obs_char_budget, compat=prompt_compat)``; ``prompt_compat``: "webrl", "webrl_restated" or "official", see
   ``webrl_core.prompts``) into a shared batch; the batch goes to ONE ``policy.act(prompts, contexts)`` call
   as soon as no worker is busy with its browser, or the oldest request has waited ``cfg.batch_wait_s``
   (one call in flight at a time, so requests that arrive during a call join the next one); a policy with

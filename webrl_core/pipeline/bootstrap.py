@@ -7,26 +7,30 @@ pretrained model the user names the SFT actor and the ORM instead (``bootstrap.s
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 
 from webrl_core import launch
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.critic import Critic
+from webrl_core.entity_swap import EntitySwapper, augment_pairs, entity_kinds
 from webrl_core.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
 from webrl_core.pipeline.experience import numeric
 from webrl_core.pipeline.stage import stage
 from webrl_core.prompts import build_orm_prompt
 from webrl_core.sft_data import demonstration_episodes, read_demonstrations
+from webrl_core.sites.data import entity_names
 from webrl_core.rundir import output_key, publish, versioned
 from webrl_core.store import TrajectoryStore
 from webrl_core.websites import is_success
 
 
-@stage("models", "orm", "prompt")
+@stage("models", "orm", "prompt", "sites")
 def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
-    """Byte-level BPE on the run's own corpus: demo prompts/actions and ORM prompts."""
+    """Byte-level BPE on the run's own corpus: demo prompts/actions and ORM prompts; with
+    ``models.embedded.entity_tokens`` the embedded sites' entity names are whole tokens."""
     eps, by_ep = TrajectoryStore(run_dir).finished_episodes(demos["episode_ids"])
     texts = []
     for e in eps:
@@ -37,14 +41,16 @@ def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
                                           settings.orm.max_html_chars, compat=settings.prompt.compat) + "YES NO")
     out = Path(run_dir) / "models" / "tokenizer"
     real = versioned(out, output_key(settings, json.dumps(demos["episode_ids"])))
-    train_embedded_tokenizer(texts, settings.models.embedded.vocab_size, real)
+    entities = entity_names(settings.sites.data_seed) if settings.models.embedded.entity_tokens else []
+    train_embedded_tokenizer(texts, settings.models.embedded.vocab_size, real, whole_tokens=entities)
     publish(out, real)
     return ArtifactRef.of(real, "model")
 
 
-@stage("run", "models", "bootstrap", "actor", "training")  # actor: batch sizes of the model it trains
+@stage("run", "models", "bootstrap", "actor", "training", "sites")  # actor: batch sizes of the model it trains
 def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
-    """Create the embedded model and fine-tune it on successful oracle demonstrations (completion-only loss)."""
+    """Create the embedded model and fine-tune it on successful oracle demonstrations (completion-only loss).
+    With ``bootstrap.sft_entity_swap`` each epoch is its own entity-swapped pass over the pairs."""
     eps, by_ep = TrajectoryStore(run_dir).finished_episodes(demos["episode_ids"])
     pairs = [(s["prompt"], s["response"]) for e in eps if is_success(e.get("env_score"))
              for s in by_ep.get(e["episode_id"], [])]
@@ -53,7 +59,13 @@ def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -
     build_embedded_model(tokenizer_ref.path, settings.models.embedded, base, seed=settings.run.seed)
     out = Path(run_dir) / "models" / "phase=0" / "actor"
     real = versioned(out, key)
-    metrics = launch.sft_train(pairs, base, real, settings)
+    boot, epochs = settings.bootstrap, None
+    if boot.sft_entity_swap > 0:
+        passes = max(1, math.ceil(boot.sft_epochs))
+        swapper = EntitySwapper(entity_kinds(settings.sites.data_seed))
+        pairs = augment_pairs(pairs, swapper, passes, boot.sft_entity_swap, seed=settings.run.seed)
+        epochs = boot.sft_epochs / passes
+    metrics = launch.sft_train(pairs, base, real, settings, epochs=epochs)
     publish(out, real)
     return ArtifactRef.of(real, "model"), {"sft_pairs": len(pairs), **numeric(metrics)}
 

@@ -270,6 +270,25 @@ def site_data(seed: int = 0) -> dict[str, dict[str, list[dict]]]:
             "gitlab": _gitlab(seed), "map": _map(seed)}
 
 
+NAMED_FIELDS = {  # (site, table): the columns that name a thing a task's intent refers to
+    ("shopping", "products"): ("name",), ("shopping", "orders"): ("number",),
+    ("shopping_admin", "products"): ("name",), ("shopping_admin", "customers"): ("name",),
+    ("shopping_admin", "orders"): ("number",),
+    ("reddit", "forums"): ("name",), ("reddit", "posts"): ("title",),
+    ("gitlab", "users"): ("username", "name"), ("gitlab", "projects"): ("name",),
+    ("gitlab", "issues"): ("title",), ("gitlab", "merge_requests"): ("title",),
+    ("map", "places"): ("name",),
+}
+
+
+def entity_names(seed: int = 0) -> list[str]:
+    """The sites' named things (products, orders, customers, forums, posts, users, projects, issues, merge requests,
+    places), sorted and unique: what intents name and actions type."""
+    data = site_data(seed)
+    return sorted({str(r[c]) for (site, table), cols in NAMED_FIELDS.items() for r in data[site][table] for c in cols
+                   if r.get(c)})
+
+
 SCHEMAS = {
     "shopping": """
       CREATE TABLE categories(id INTEGER PRIMARY KEY, slug TEXT, name TEXT);

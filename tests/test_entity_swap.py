@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from webrl_core.entity_swap import EntitySwapper, augment_pairs, entity_kinds
+from webrl_core.entity_swap import EntitySwapper, augment_pairs
+from webrl_core.sites.data import entity_kinds
 
 INTENT = "Task: What is the bike distance between Maple Hotel and Summit Diner?"
 PAGE = '<a id="3">Maple Hotel</a> <a id="4">Summit Diner</a> <a id="5">Maple Hotels Annex</a> order #001132'

@@ -8,7 +8,7 @@ from the intent, and then types ``"graph-viz"`` for every GitLab project. Swappi
 ``σ(e)``, a name of the same kind drawn at random (one ``σ`` per pair, injective, applied to the intent, the page and
 the action alike), so the typed name is predictable only from the intent. Each SFT epoch sees its own draw.
 
-Kinds are the sites' named columns (``sites.data.NAMED_FIELDS``): a product is swapped for a product, an order
+Kinds are the sites' named columns (``sites.data.entity_kinds``): a product is swapped for a product, an order
 number for an order number. Swapping is text-level and keeps everything else: a swapped page still shows the
 original price or count, which is fine because the answers the model learns to read are on the page it sees.
 """
@@ -18,20 +18,6 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Sequence
-
-from webrl_core.sites.data import NAMED_FIELDS, site_data
-
-
-def entity_kinds(data_seed: int) -> dict[str, str]:
-    """name -> kind ("site.table.column") of every named thing of the embedded sites (first kind wins)."""
-    data = site_data(data_seed)
-    kinds: dict[str, str] = {}
-    for (site, table), cols in NAMED_FIELDS.items():
-        for col in cols:
-            for row in data[site][table]:
-                if row.get(col):
-                    kinds.setdefault(str(row[col]), f"{site}.{table}.{col}")
-    return kinds
 
 
 class EntitySwapper:

@@ -14,17 +14,23 @@ from pathlib import Path
 from webrl_core import launch
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.critic import Critic
-from webrl_core.entity_swap import EntitySwapper, augment_pairs, entity_kinds
+from webrl_core.entity_swap import EntitySwapper, augment_pairs
 from webrl_core.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
 from webrl_core.pipeline.experience import numeric
 from webrl_core.pipeline.stage import stage
 from webrl_core.prompts import build_orm_prompt
 from webrl_core.sft_data import demonstration_episodes, read_demonstrations
-from webrl_core.sites.data import entity_names
+from webrl_core.sites.data import entity_kinds, entity_names
 from webrl_core.rundir import output_key, publish, versioned
 from webrl_core.store import TrajectoryStore
 from webrl_core.websites import is_success
+
+
+def _require_embedded_sites(settings, field: str) -> None:
+    if settings.sites.mode != "embedded":
+        raise ValueError(f"{field} uses the embedded sites' entity names; sites.mode is {settings.sites.mode!r} "
+                         f"(turn {field} off for real WebArena)")
 
 
 @stage("models", "orm", "prompt", "sites")
@@ -41,7 +47,10 @@ def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
                                           settings.orm.max_html_chars, compat=settings.prompt.compat) + "YES NO")
     out = Path(run_dir) / "models" / "tokenizer"
     real = versioned(out, output_key(settings, json.dumps(demos["episode_ids"])))
-    entities = entity_names(settings.sites.data_seed) if settings.models.embedded.entity_tokens else []
+    entities = []
+    if settings.models.embedded.entity_tokens:
+        _require_embedded_sites(settings, "models.embedded.entity_tokens")
+        entities = entity_names(settings.sites.data_seed)
     train_embedded_tokenizer(texts, settings.models.embedded.vocab_size, real, whole_tokens=entities)
     publish(out, real)
     return ArtifactRef.of(real, "model")
@@ -61,6 +70,7 @@ def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -
     real = versioned(out, key)
     boot, epochs = settings.bootstrap, None
     if boot.sft_entity_swap > 0:
+        _require_embedded_sites(settings, "bootstrap.sft_entity_swap")
         passes = max(1, math.ceil(boot.sft_epochs))
         swapper = EntitySwapper(entity_kinds(settings.sites.data_seed))
         pairs = augment_pairs(pairs, swapper, passes, boot.sft_entity_swap, seed=settings.run.seed)

@@ -281,12 +281,23 @@ NAMED_FIELDS = {  # (site, table): the columns that name a thing a task's intent
 }
 
 
-def entity_names(seed: int = 0) -> list[str]:
-    """The sites' named things (products, orders, customers, forums, posts, users, projects, issues, merge requests,
-    places), sorted and unique: what intents name and actions type."""
+def entity_kinds(seed: int = 0) -> dict[str, str]:
+    """name -> kind ("site.table.column") of every named thing of the sites (products, orders, customers, forums,
+    posts, users, projects, issues, merge requests, places): what intents name and actions type. A name of several
+    kinds keeps the first."""
     data = site_data(seed)
-    return sorted({str(r[c]) for (site, table), cols in NAMED_FIELDS.items() for r in data[site][table] for c in cols
-                   if r.get(c)})
+    kinds: dict[str, str] = {}
+    for (site, table), cols in NAMED_FIELDS.items():
+        for col in cols:
+            for row in data[site][table]:
+                if row.get(col):
+                    kinds.setdefault(str(row[col]), f"{site}.{table}.{col}")
+    return kinds
+
+
+def entity_names(seed: int = 0) -> list[str]:
+    """The sites' entity names (``entity_kinds``), sorted."""
+    return sorted(entity_kinds(seed))
 
 
 SCHEMAS = {

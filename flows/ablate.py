@@ -1,6 +1,7 @@
 """``webrl-ablate``: the paper's Fig. 5 ablation as a flow. For each seed: one bootstrap, forked into one run dir per
 variant (``webrl_core.ablation``), then N phases per variant, each phase the ``webrl-phase`` flow (cached like any
-other run). Ends with the table (mean and range over seeds per variant and phase), the plot, and whether Fig. 5's
+other run). A variant whose phase has nothing to learn from (``NoTrainingData``: e.g. without replay and without a
+single success) or nothing to evolve from (``NoSeedTasks``) stops there; the table names where and why. Ends with the table (mean and range over seeds per variant and phase), the plot, and whether Fig. 5's
 order holds, saved in the ablation dir, to MLflow and as Prefect artifacts."""
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from prefect.artifacts import create_markdown_artifact
 from flows.webrl import webrl_bootstrap, webrl_phase
 from webrl_core import ablation, tracking
 from webrl_core.config import load_config
+from webrl_core.pipeline.generation import NoSeedTasks
+from webrl_core.pipeline.updates import NoTrainingData
 
 
 @flow(name="webrl-ablate", log_prints=True)
@@ -27,6 +30,7 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
     settings = load_config(config, sets=overrides)
     root = Path(run_dir or f"{settings.run_dir()}-ablate").resolve()
     log = get_run_logger()
+    stops: list[dict] = []
     for seed in seeds:
         seed_sets = [*overrides, f"run.seed={seed}"]
         boot = root / f"seed={seed}" / "bootstrap"
@@ -35,10 +39,17 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
             vdir = root / f"seed={seed}" / v
             ablation.fork_bootstrap(boot, vdir)
             for k in range(1, phases + 1):
-                webrl_phase(config, k, str(vdir), [*seed_sets, *extra[v]])
-            log.info("seed %d, %s: %d phases done", seed, v, phases)
+                try:
+                    webrl_phase(config, k, str(vdir), [*seed_sets, *extra[v]])
+                except (NoTrainingData, NoSeedTasks) as e:  # the variant cannot go on: its line ends here
+                    stops.append({"variant": v, "seed": seed, "phase": k, "reason": f"{type(e).__name__}: {e}"})
+                    log.warning("seed %d, %s stopped at phase %d: %s", seed, v, k, e)
+                    break
+            else:
+                log.info("seed %d, %s: %d phases done", seed, v, phases)
     summary = ablation.summarise(ablation.ablation_rows(root, seeds, variants))
-    table, order = ablation.markdown(summary), ablation.fig5_order(summary)
+    table = ablation.markdown(summary) + ablation.stops_markdown(stops)
+    order = ablation.fig5_order(summary)
     plot = ablation.plot(summary, root / "ablation.png")
     report = root / "ablation.md"
     report.write_text(f"# WebRL ablation ({config}, seeds {seeds}, {phases} phases)\n\nHeld-out test success (%), "
@@ -52,4 +63,4 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
         tracking.log_artifact(plot, "ablation")
         tracking.log_artifact(report, "ablation")
     create_markdown_artifact(report.read_text(), key="webrl-ablation", description="WebRL ablation (paper Fig. 5)")
-    return {"run_dir": str(root), "summary": summary, "order": order, "plot": str(plot)}
+    return {"run_dir": str(root), "summary": summary, "order": order, "plot": str(plot), "stops": stops}

@@ -82,6 +82,17 @@ def test_summary_table_verdict_and_plot(tmp_path):
     assert ablation.fig5_order(ablation.summarise(tied)) == (
         "phase 2: webrl 0.0% = no-replay 0.0% = no-kl-no-replay 0.0%; Fig. 5's order does not hold")
     assert ablation.fig5_order(ablation.summarise(rows[:3])).startswith("incomplete")
+    # seed 1 of no-kl-no-replay stopped after phase 1: its phase-2 cell has one seed, and says so; the stop is named
+    partial = [r for r in rows if not (r["variant"] == "no-kl-no-replay" and r["seed"] == 1 and r["phase"] == 2)]
+    table = ablation.markdown(ablation.summarise(partial))
+    assert "| no-kl-no-replay | 10.5 (10.0-11.0) | 8.5 (8.0-9.0) | 6.0 (6.0-6.0) [1 of 2 seeds] |" in table
+    assert "[1 of" not in table.split("no-kl-no-replay")[0]
+    only_two = [r for r in rows if not (r["variant"] == "no-kl-no-replay" and r["phase"] == 2)]
+    assert ablation.fig5_order(ablation.summarise(only_two)) == "incomplete: no-kl-no-replay did not reach phase 2"
+    stop = {"variant": "no-kl-no-replay", "seed": 1, "phase": 2, "reason": "NoTrainingData: phase 2: kept 0 of 9"}
+    assert ablation.stops_markdown([stop]).endswith(
+        "- no-kl-no-replay, seed 1: stopped at phase 2 (NoTrainingData: phase 2: kept 0 of 9)\n")
+    assert ablation.stops_markdown([]) == ""
     png = ablation.plot(summary, tmp_path / "p" / "ablation.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="unknown ablation variant 'no-kl'"):

@@ -129,17 +129,28 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def markdown(summary: list[dict]) -> str:
-    """Variants as rows, phases as columns: mean % (min-max over seeds)."""
+    """Variants as rows, phases as columns: mean % (min-max over seeds); a cell with fewer seeds than the others
+    (a seed's run stopped earlier) says how many."""
     phases = sorted({s["phase"] for s in summary})
+    n_seeds = max((s["seeds"] for s in summary), default=0)
     head = "| variant | " + " | ".join("SFT" if p == 0 else f"phase {p}" for p in phases) + " |"
     lines = [head, "|---|" + "---|" * len(phases)]
     for v in dict.fromkeys(s["variant"] for s in summary):
         cells = []
         for p in phases:
             s = next((x for x in summary if x["variant"] == v and x["phase"] == p), None)
-            cells.append("" if s is None else f"{100 * s['mean']:.1f} ({100 * s['min']:.1f}-{100 * s['max']:.1f})")
+            cells.append("" if s is None else f"{100 * s['mean']:.1f} ({100 * s['min']:.1f}-{100 * s['max']:.1f})"
+                         + (f" [{s['seeds']} of {n_seeds} seeds]" if s["seeds"] < n_seeds else ""))
         lines.append(f"| {v} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def stops_markdown(stops: list[dict]) -> str:
+    """One line per (variant, seed) that stopped before the last phase: where and why (empty when none did)."""
+    if not stops:
+        return ""
+    lines = [f"- {s['variant']}, seed {s['seed']}: stopped at phase {s['phase']} ({s['reason']})" for s in stops]
+    return "\nStopped runs (their later phases are missing from the table):\n\n" + "\n".join(lines) + "\n"
 
 
 def fig5_order(summary: list[dict]) -> str:
@@ -147,7 +158,8 @@ def fig5_order(summary: list[dict]) -> str:
     last = max((s["phase"] for s in summary), default=0)
     means = {s["variant"]: s["mean"] for s in summary if s["phase"] == last}
     if not all(v in means for v in VARIANTS):
-        return "incomplete: not every variant reached the last phase"
+        missing = ", ".join(v for v in VARIANTS if v not in means)
+        return f"incomplete: {missing} did not reach phase {last}"
     order = sorted(VARIANTS, key=lambda v: -means[v])
     holds = means["webrl"] > means["no-replay"] > means["no-kl-no-replay"]
     text = f"{order[0]} {100 * means[order[0]]:.1f}%"

@@ -1,8 +1,9 @@
 """``webrl-ablate``: the paper's Fig. 5 ablation as a flow. For each seed: one bootstrap, forked into one run dir per
 variant (``webrl_core.ablation``), then N phases per variant, each phase the ``webrl-phase`` flow (cached like any
 other run). A variant whose phase has nothing to learn from (``NoTrainingData``: e.g. without replay and without a
-single success) or nothing to evolve from (``NoSeedTasks``) stops there; the table names where and why. Ends with the table (mean and range over seeds per variant and phase), the plot, and whether Fig. 5's
-order holds, saved in the ablation dir, to MLflow and as Prefect artifacts."""
+single success) or nothing to evolve from (``NoSeedTasks``) stops there; the table names where and why. Ends with
+the table (mean and range over seeds per variant and phase), the plot, and whether Fig. 5's order holds, saved in
+the ablation dir, to MLflow and as Prefect artifacts."""
 
 from __future__ import annotations
 

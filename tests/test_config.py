@@ -67,6 +67,14 @@ def test_non_loopback_host_is_rejected():
         load_config(sets=["sites.host=0.0.0.0"])
 
 
+def test_entity_levers_are_refused_on_real_webarena():
+    for field, value in (("models.embedded.entity_tokens", "true"), ("bootstrap.sft_entity_swap", "0.5")):
+        with pytest.raises(ConfigError, match=rf"{field} uses the embedded sites' entity names; sites.mode is "
+                                              r"'webarena'"):
+            load_config(sets=["sites.mode=webarena", f"{field}={value}"])
+        assert load_config(sets=[f"{field}={value}"]).sites.mode == "embedded"  # fine on the embedded sites
+
+
 def test_webarena_env_vars_override_urls():
     env = {"SHOPPING": "http://10.0.0.1:7770/", "WA_GITLAB": "http://10.0.0.1:8023", "REDDIT": ""}
     assert env_site_urls(env) == {"shopping": "http://10.0.0.1:7770", "gitlab": "http://10.0.0.1:8023"}

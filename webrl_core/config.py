@@ -522,6 +522,17 @@ class WebRLSettings(Section):
             data["curriculum"] = {**cur, "api_key_env": policy["api_key_env"]}
         return data
 
+    @model_validator(mode="after")
+    def _entity_levers_need_embedded_sites(self) -> WebRLSettings:
+        """The entity levers read the embedded sites' names: refused at load time on real WebArena."""
+        if self.sites.mode != "embedded":
+            for field, on in (("models.embedded.entity_tokens", self.models.embedded.entity_tokens),
+                              ("bootstrap.sft_entity_swap", self.bootstrap.sft_entity_swap > 0)):
+                if on:
+                    raise ValueError(f"{field} uses the embedded sites' entity names; sites.mode is "
+                                     f"{self.sites.mode!r} (turn {field} off for real WebArena)")
+        return self
+
     def run_dir(self) -> Path:
         return Path(self.run.root) / self.run.name
 

@@ -27,12 +27,6 @@ from webrl_core.store import TrajectoryStore
 from webrl_core.websites import is_success
 
 
-def _require_embedded_sites(settings, field: str) -> None:
-    if settings.sites.mode != "embedded":
-        raise ValueError(f"{field} uses the embedded sites' entity names; sites.mode is {settings.sites.mode!r} "
-                         f"(turn {field} off for real WebArena)")
-
-
 @stage("models", "orm", "prompt", "sites")
 def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
     """Byte-level BPE on the run's own corpus: demo prompts/actions and ORM prompts; with
@@ -47,10 +41,7 @@ def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
                                           settings.orm.max_html_chars, compat=settings.prompt.compat) + "YES NO")
     out = Path(run_dir) / "models" / "tokenizer"
     real = versioned(out, output_key(settings, json.dumps(demos["episode_ids"])))
-    entities = []
-    if settings.models.embedded.entity_tokens:
-        _require_embedded_sites(settings, "models.embedded.entity_tokens")
-        entities = entity_names(settings.sites.data_seed)
+    entities = entity_names(settings.sites.data_seed) if settings.models.embedded.entity_tokens else []
     train_embedded_tokenizer(texts, settings.models.embedded.vocab_size, real, whole_tokens=entities)
     publish(out, real)
     return ArtifactRef.of(real, "model")
@@ -70,7 +61,6 @@ def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -
     real = versioned(out, key)
     boot, epochs = settings.bootstrap, None
     if boot.sft_entity_swap > 0:
-        _require_embedded_sites(settings, "bootstrap.sft_entity_swap")
         passes = max(1, math.ceil(boot.sft_epochs))
         swapper = EntitySwapper(entity_kinds(settings.sites.data_seed))
         pairs = augment_pairs(pairs, swapper, passes, boot.sft_entity_swap, seed=settings.run.seed)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 
 import typer
 
@@ -87,3 +88,31 @@ def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/mo
     from webrl_core.config import load_config
 
     run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, out=out)
+
+
+@app.command("copy-export")
+def bench_copy_export(config: str = typer.Option("demo", help="config whose bootstrap/models settings are used"),
+                      demos: int = typer.Option(150, help="training tasks the oracle demonstrates (the SFT data)"),
+                      val_tasks: int = typer.Option(80, help="validation tasks: training pool, intents unlike the demos'"),
+                      run_dir: str = typer.Option("runs/bench-sft", help="bench run dir (demos and episodes are reused)"),
+                      set_: list[str] = typer.Option([], "--set", "-s", help="section.key=value overrides"),
+                      out: str = typer.Option("runs/bench-copy", help="the portable folder to write")):
+    """Write the folder `webrl bench copy` trains and checks from: the run's tokenizer, the oracle demonstrations'
+    (prompt, action) pairs and the validation tasks' oracle steps. Needs the sites and Chromium; the folder does not."""
+    from webrl_core.bench.copy import export
+    from webrl_core.config import load_config
+
+    print(json.dumps(export(load_config(config, sets=set_), run_dir, demos, val_tasks, out), indent=2))
+
+
+@app.command("copy")
+def bench_copy(folder: str = typer.Argument(..., help="folder written by `webrl bench copy-export`"),
+               size: list[str] = typer.Option([], help="hidden,intermediate,layers,heads of an embedded model to "
+                                                       "train (repeat for several); default: the folder's config"),
+               set_: list[str] = typer.Option([], "--set", "-s", help="section.key=value overrides (e.g. models.device=cuda)"),
+               out: str = typer.Option(None, help="write the rows as JSON to this file")):
+    """Train the embedded actor (one per --size) on the folder's demonstrations and measure, on the validation
+    steps, greedy action match, typed arguments copied from the intent and the rank of the intent's entity."""
+    from webrl_core.bench.copy import parse_size, run
+
+    run(folder, [parse_size(s) for s in size] or None, set_, out)

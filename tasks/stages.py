@@ -10,29 +10,16 @@ change.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-from pathlib import Path
 from typing import Any, Callable
 
 from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 from pydantic import BaseModel
 
-import webrl_core
 from webrl_core.config import WebRLSettings
 from webrl_core.pipeline import bootstrap, evaluation, experience, generation, task_sets, updates
 from webrl_core.pipeline.stage import config_for
-
-
-@functools.lru_cache(maxsize=1)
-def library_source_digest() -> str:
-    """sha256 of webrl_core's Python sources: a task's "source" is its wrapper AND the library code it calls."""
-    h = hashlib.sha256()
-    root = Path(webrl_core.__file__).parent
-    for f in sorted(root.rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+from webrl_core.rundir import library_source_digest
 
 
 LIBRARY_SOURCE = CacheKeyFnPolicy(cache_key_fn=lambda ctx, params: library_source_digest())

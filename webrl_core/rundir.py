@@ -11,6 +11,7 @@ after a run with another knob value, while ``<dir>/<name>`` names the latest one
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -23,10 +24,26 @@ from webrl_core.artifacts import ArtifactRef, write_json
 from webrl_core.store import TrajectoryStore
 
 
+def source_digest(root: Path) -> str:
+    """sha256 of the Python sources under ``root`` (their relative paths and bytes)."""
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def library_source_digest() -> str:
+    """``source_digest`` of webrl_core: what a stage runs is its wrapper AND the library code it calls."""
+    return source_digest(Path(__file__).parent)
+
+
 def output_key(settings: Any, *inputs: Any) -> str:
-    """Key of a stage's output: the config sections the stage reads and its inputs (artifact refs by content)."""
-    blob = json.dumps([settings.model_dump(mode="json"), [getattr(i, "sha256", i) for i in inputs]],
-                      sort_keys=True, default=str)
+    """Key of a stage's output: the config sections the stage reads, its inputs (artifact refs by content) and
+    the library's source digest: after a code change a re-run writes a new version, and the version a cached
+    result (or an ablation's fork) points at is never rewritten in place."""
+    blob = json.dumps([settings.model_dump(mode="json"), [getattr(i, "sha256", i) for i in inputs],
+                       library_source_digest()], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

@@ -42,6 +42,8 @@ def test_bench_copy_exports_a_folder_and_checks_each_size(tmp_path):
         assert r["n_entities"] == len(kinds)  # every name is one token of the exported tokenizer
         assert 1 <= r["median_rank"] <= r["n_entities"] and 0 <= r["top1"] <= r["top5"] <= 1
         assert 0 <= r["action_match"] <= 1 and 0 <= r["arg_exact"] <= 1 and 0 < r["mean_p"] < 1
+        per_kind = [sum(k == kinds[_argument(v["action"])] for k in kinds.values()) for v in probed]
+        assert r["chance_top1"] == round(sum(1 / k for k in per_kind) / len(per_kind), 3)
 
 
 def test_bench_copy_names_a_missing_file_and_a_bad_size(tmp_path):

@@ -13,7 +13,8 @@ model is scored on the same prompts:
   - the entity probe, where the oracle's argument is one entity token (``models.embedded.entity_tokens``): the
     model is given the oracle's response up to ``argument="`` and the oracle's entity is ranked among all entity
     tokens by the next-token logits. ``top1``/``top5`` shares, median rank, mean probability. A model that copies
-    puts the intent's entity first; one that ignores the intent ranks it like a random name (median ~ n/2).
+    puts the intent's entity first. ``chance_*`` is a model that knows which kind of name goes there but not
+    which one: the entity uniform among the names of its kind (rank (n_kind + 1) / 2, top-k share k / n_kind).
 
 Two halves:
   - ``export(settings, run_dir, demos, val_tasks, out)``: the bootstrap's own stages (oracle demonstrations, the
@@ -136,15 +137,18 @@ def train_and_check(settings, folder: Path, pairs: list[tuple[str, str]], val: l
     metrics = sft_train(train_pairs, base, work / "actor", settings, epochs=epochs)
     sft_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    check = copy_check(work / "actor", settings, val, list(kinds))
+    check = copy_check(work / "actor", settings, val, kinds)
     return {"size": ",".join(str(getattr(emb, f)) for f in SIZE_FIELDS), "params": metrics.get("total_params"),
             "sft_pairs": len(train_pairs), "sft_tokens": metrics.get("tokens"), "sft_s": round(sft_s, 1),
             "sft_loss": round(metrics.get("train_loss") or float("nan"), 4), "check_s": round(time.perf_counter() - t0, 1),
             "device": settings.models.device, "dtype": settings.models.dtype, **check}
 
 
-def copy_check(model_dir: str | Path, settings, val: list[dict], entity_names: list[str]) -> dict:
-    """Greedy action match, typed-argument copying and the entity rank probe on the validation steps."""
+def copy_check(model_dir: str | Path, settings, val: list[dict], kinds: dict[str, str]) -> dict:
+    """Greedy action match, typed-argument copying and the entity rank probe on the validation steps; ``kinds``:
+    entity name -> kind (``sites.data.entity_kinds``)."""
+    from collections import Counter
+
     import torch
 
     from webrl_core.models import encode_prompt
@@ -162,9 +166,10 @@ def copy_check(model_dir: str | Path, settings, val: list[dict], entity_names: l
         exact += got == want
         from_intent += bool(got) and got.lower() in r["intent"].lower()
     tok, model = policy.tok, policy.model
-    ids = {n: tok.convert_tokens_to_ids(n) for n in entity_names}
+    ids = {n: tok.convert_tokens_to_ids(n) for n in kinds}
     ids = {n: i for n, i in ids.items() if isinstance(i, int) and i != tok.unk_token_id}
-    ranks, probs = [], []
+    ranks, probs, kind_sizes = [], [], []
+    per_kind = Counter(kinds[n] for n in ids)
     if ids:
         cand = torch.tensor(sorted(set(ids.values())), device=policy.device)
         with torch.no_grad():
@@ -178,6 +183,7 @@ def copy_check(model_dir: str | Path, settings, val: list[dict], entity_names: l
                 scores = logits[cand]
                 target = scores[(cand == ids[want]).nonzero()[0, 0]]
                 ranks.append(int((scores > target).sum()) + 1)
+                kind_sizes.append(per_kind[kinds[want]])
                 probs.append(float(torch.softmax(logits, -1)[ids[want]]))
     n = len(val)
     return {"val_steps": n, "action_match": round(sum(a.strip() == b["action"].strip()
@@ -188,7 +194,10 @@ def copy_check(model_dir: str | Path, settings, val: list[dict], entity_names: l
             "top1": round(sum(k == 1 for k in ranks) / max(1, len(ranks)), 3),
             "top5": round(sum(k <= 5 for k in ranks) / max(1, len(ranks)), 3),
             "median_rank": statistics.median(ranks) if ranks else None,
-            "mean_p": round(statistics.fmean(probs), 4) if probs else None}
+            "mean_p": round(statistics.fmean(probs), 4) if probs else None,
+            "chance_median_rank": statistics.median((k + 1) / 2 for k in kind_sizes) if kind_sizes else None,
+            "chance_top1": round(statistics.fmean(1 / k for k in kind_sizes), 3) if kind_sizes else None,
+            "chance_top5": round(statistics.fmean(min(1.0, 5 / k) for k in kind_sizes), 3) if kind_sizes else None}
 
 
 def _argument(action: str) -> str | None:
@@ -213,12 +222,13 @@ def _print(rows: list[dict]) -> None:
 
     t = Table(title="webrl bench copy (oracle steps of validation tasks, greedy, teacher-forced probe)")
     for col in ("size", "params", "device", "SFT s", "loss", "action match", "arg exact", "arg from intent",
-                "probe top-1", "top-5", "median rank"):
+                "probe top-1", "top-5", "median rank", "kind chance: top-5, rank"):
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(r["size"], f"{(r['params'] or 0) / 1e6:.1f}M", f"{r['device']}/{r['dtype']}", f"{r['sft_s']:.0f}",
                   f"{r['sft_loss']:.3f}", f"{100 * r['action_match']:.1f}%",
                   f"{100 * r['arg_exact']:.1f}% of {r['typed']}", f"{100 * r['arg_from_intent']:.1f}%",
                   f"{100 * r['top1']:.1f}% of {r['probe_steps']}", f"{100 * r['top5']:.1f}%",
-                  f"{r['median_rank']} of {r['n_entities']}")
+                  f"{r['median_rank']} of {r['n_entities']}",
+                  f"{100 * (r['chance_top5'] or 0):.1f}%, {r['chance_median_rank']}")
     Console().print(t)

@@ -75,12 +75,16 @@ def bench_serving(model: str = typer.Option(..., help="HF model folder to serve 
     Console().print(t)
 
 
+# options shared by the phase-0 benches (bench sft, bench copy-export)
+DEMOS = typer.Option(150, help="training tasks the oracle demonstrates (the SFT data)")
+VAL_TASKS = typer.Option(80, help="validation tasks: training pool, intents unlike the demos'")
+SFT_RUN_DIR = typer.Option("runs/bench-sft", help="bench run dir (demos and episodes are reused)")
+SETS = typer.Option([], "--set", "-s", help="section.key=value overrides")
+
+
 @app.command("sft")
 def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/models/actor settings are measured"),
-              demos: int = typer.Option(150, help="training tasks the oracle demonstrates (the SFT data)"),
-              val_tasks: int = typer.Option(80, help="validation tasks: training pool, intents unlike the demos'"),
-              run_dir: str = typer.Option("runs/bench-sft", help="bench run dir (demos and episodes are reused)"),
-              set_: list[str] = typer.Option([], "--set", "-s", help="section.key=value overrides"),
+              demos: int = DEMOS, val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
               out: str = typer.Option(None, help="write the numbers as JSON to this file")):
     """Phase-0 SFT of one setting, measured on a validation split of the training pool (never the test set):
     SFT seconds and tokens/s, validation success, unparseable steps, typed arguments taken from the intent."""
@@ -92,11 +96,8 @@ def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/mo
 
 @app.command("copy-export")
 def bench_copy_export(config: str = typer.Option("demo", help="config whose bootstrap/models settings are used"),
-                      demos: int = typer.Option(150, help="training tasks the oracle demonstrates (the SFT data)"),
-                      val_tasks: int = typer.Option(80, help="validation tasks: training pool, intents unlike the demos'"),
-                      run_dir: str = typer.Option("runs/bench-sft", help="bench run dir (demos and episodes are reused)"),
-                      set_: list[str] = typer.Option([], "--set", "-s", help="section.key=value overrides"),
-                      out: str = typer.Option("runs/bench-copy", help="the portable folder to write")):
+                      demos: int = DEMOS, val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR,
+                      set_: list[str] = SETS, out: str = typer.Option("runs/bench-copy", help="the portable folder to write")):
     """Write the folder `webrl bench copy` trains and checks from: the run's tokenizer, the oracle demonstrations'
     (prompt, action) pairs and the validation tasks' oracle steps. Needs the sites and Chromium; the folder does not."""
     from webrl_core.bench.copy import export
@@ -109,7 +110,7 @@ def bench_copy_export(config: str = typer.Option("demo", help="config whose boot
 def bench_copy(folder: str = typer.Argument(..., help="folder written by `webrl bench copy-export`"),
                size: list[str] = typer.Option([], help="hidden,intermediate,layers,heads of an embedded model to "
                                                        "train (repeat for several); default: the folder's config"),
-               set_: list[str] = typer.Option([], "--set", "-s", help="section.key=value overrides (e.g. models.device=cuda)"),
+               set_: list[str] = SETS,
                out: str = typer.Option(None, help="write the rows as JSON to this file")):
     """Train the embedded actor (one per --size) on the folder's demonstrations and measure, on the validation
     steps, greedy action match, typed arguments copied from the intent and the rank of the intent's entity."""

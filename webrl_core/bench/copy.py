@@ -32,7 +32,9 @@ import json
 import math
 import re
 import statistics
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -118,8 +120,6 @@ def run(folder: str | Path, sizes: list[dict[str, int]] | None = None, sets: lis
 def train_and_check(settings, folder: Path, pairs: list[tuple[str, str]], val: list[dict],
                     kinds: dict[str, str]) -> dict:
     """Build the embedded model of ``settings.models.embedded``, SFT it like ``bootstrap.sft_actor``, check it."""
-    import tempfile
-
     from webrl_core.entity_swap import EntitySwapper, augment_pairs
     from webrl_core.models import build_embedded_model
     from webrl_core.training import sft_train
@@ -147,7 +147,6 @@ def train_and_check(settings, folder: Path, pairs: list[tuple[str, str]], val: l
 def copy_check(model_dir: str | Path, settings, val: list[dict], kinds: dict[str, str]) -> dict:
     """Greedy action match, typed-argument copying and the entity rank probe on the validation steps; ``kinds``:
     entity name -> kind (``sites.data.entity_kinds``)."""
-    from collections import Counter
 
     import torch
 

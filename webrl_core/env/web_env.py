@@ -64,6 +64,7 @@ class WebEnv:
         self._trackers: dict[Any, RequestTracker] = {}
         self._new_pages: list = []
         self._blocked: list[str] = []        # blocked navigations since the last step
+        self._blocked_top: list[str] = []    # those of them that were the agent's tab's own top-level loads
         self._blocked_other: list[str] = []  # what reached the BlackholeProxy since the last step
         self._allowed: set[str] = set()
         self._hole: BlackholeProxy | None = None
@@ -113,6 +114,11 @@ class WebEnv:
         req = route.request
         if req.is_navigation_request():
             self._blocked.append(req.url)
+            try:
+                if req.frame.parent_frame is None and req.frame.page is self.page:
+                    self._blocked_top.append(req.url)
+            except Exception:  # a new tab's first load has no frame yet; that tab is handled as a new page
+                pass
         await route.abort("blockedbyclient")
 
     def _on_hole(self, target: str) -> None:
@@ -193,6 +199,7 @@ class WebEnv:
         self.episode_id = episode_id
         self.task = substitute_urls(dict(task), self.hooks.url_map())
         self._blocked = []
+        self._blocked_top = []
         self._blocked_other = []
         self._nav_failures.clear()
         self._orphan_failures.clear()
@@ -364,6 +371,7 @@ class WebEnv:
         navs = self._blocked if navigations else []
         if navigations:
             self._blocked = []
+            self._blocked_top = []
         # a navigation the proxy stopped is recorded once, as a navigation
         other = [u for u in self._blocked_other if u not in navs]
         self._blocked_other = []
@@ -393,17 +401,27 @@ class WebEnv:
             error = (error + "; " if error else "") + \
                 f"navigation to {new[0]} was blocked (outside the task's websites)"
         if new or page_blocked:
-            await self._leave_error_page(prev_page)
+            await self._leave_error_page(prev_page, error_page_coming=any(u in self._blocked_top for u in new))
         self._flush_blocked(info)
         return error
 
-    async def _leave_error_page(self, prev_page=None) -> None:
+    async def _leave_error_page(self, prev_page=None, error_page_coming: bool = False) -> None:
         """A blocked navigation leaves Chromium's error page: return to where the agent was.
 
         Back in the tab's history first; a tab opened by the blocked navigation (a popup, target=_blank) is closed
         and the tab the agent was on comes back; otherwise the last page the agent saw is loaded again. Failures
-        to get back leave the tab on the error page, which ``_observe`` reports; only a crash raises."""
+        to get back leave the tab on the error page, which ``_observe`` reports; only a crash raises.
+        ``error_page_coming``: the route stopped this tab's own top-level load, whose error page commits
+        asynchronously (on a loaded box after this step's settling): wait for it (at most the settle timeout)
+        rather than leave the agent to find it on its next observation."""
         page = self.page
+        if not page.url.startswith("chrome-error://") and error_page_coming:
+            try:
+                await page.wait_for_url(lambda u: u.startswith("chrome-error://"), wait_until="commit",
+                                        timeout=max(self.cfg.settle_timeout_ms, 1000))
+            except Exception as e:
+                if is_crash(e):
+                    raise
         if not page.url.startswith("chrome-error://"):
             return
         try:

@@ -15,6 +15,7 @@ original price or count, which is fine because the answers the model learns to r
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections.abc import Sequence
@@ -65,3 +66,14 @@ def augment_pairs(pairs: Sequence[tuple[str, str]], swapper: EntitySwapper, copi
         for prompt, action in pairs:
             out.append(swapper.swap((prompt, action), rng) if rng.random() < p else (prompt, action))
     return out
+
+
+def swapped_sft_passes(pairs: Sequence[tuple[str, str]], kinds: dict[str, str], epochs: float, p: float,
+                       seed: int) -> tuple[list[tuple[str, str]], float | None]:
+    """The SFT data of ``bootstrap.sft_entity_swap = p``: ceil(``epochs``) passes, each its own entity-swapped
+    copy of ``pairs``, and the epochs to train over them (``epochs`` / passes); ``p`` 0: the pairs as they are and
+    None (train ``epochs`` over them)."""
+    if p <= 0:
+        return list(pairs), None
+    passes = max(1, math.ceil(epochs))
+    return augment_pairs(pairs, EntitySwapper(kinds), passes, p, seed=seed), epochs / passes

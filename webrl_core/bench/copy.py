@@ -29,7 +29,6 @@ Two halves:
 from __future__ import annotations
 
 import json
-import math
 import re
 import statistics
 import tempfile
@@ -48,6 +47,7 @@ def export(settings, run_dir: str | Path, demos: int, val_tasks: int, out: str |
     the portable folder ``out`` (module docstring)."""
     from webrl_core.artifacts import read_json
     from webrl_core.bench.sft import validation_tasks
+    from webrl_core.models import load_tokenizer
     from webrl_core.pipeline import bootstrap, experience, task_sets
     from webrl_core.sites.data import entity_kinds
     from webrl_core.store import TrajectoryStore
@@ -72,7 +72,6 @@ def export(settings, run_dir: str | Path, demos: int, val_tasks: int, out: str |
         raise RuntimeError(f"bench copy export: {len(train)} demonstration steps and {len(val)} validation steps "
                            f"succeeded; both are needed")
     out.mkdir(parents=True, exist_ok=True)
-    from webrl_core.models import load_tokenizer
     load_tokenizer(tok_ref.path).save_pretrained(str(out / "tokenizer"))
     _write_jsonl(out / "train_pairs.jsonl", [{"prompt": r["prompt"], "action": r["action"]} for r in train])
     _write_jsonl(out / "val_steps.jsonl", val)
@@ -101,7 +100,7 @@ def run(folder: str | Path, sizes: list[dict[str, int]] | None = None, sets: lis
     for name in ("tokenizer", "train_pairs.jsonl", "val_steps.jsonl", "entity_kinds.json", "settings.yaml"):
         if not (folder / name).exists():
             raise FileNotFoundError(f"bench copy: {folder / name} is missing; make the folder with "
-                                    f"`webrl bench copy export`")
+                                    f"`webrl bench copy-export`")
     settings = load_config(folder / "settings.yaml", sets=list(sets))
     pairs = [(r["prompt"], r["action"]) for r in _read_jsonl(folder / "train_pairs.jsonl")]
     val = _read_jsonl(folder / "val_steps.jsonl")
@@ -120,19 +119,15 @@ def run(folder: str | Path, sizes: list[dict[str, int]] | None = None, sets: lis
 def train_and_check(settings, folder: Path, pairs: list[tuple[str, str]], val: list[dict],
                     kinds: dict[str, str]) -> dict:
     """Build the embedded model of ``settings.models.embedded``, SFT it like ``bootstrap.sft_actor``, check it."""
-    from webrl_core.entity_swap import EntitySwapper, augment_pairs
+    from webrl_core.entity_swap import swapped_sft_passes
     from webrl_core.models import build_embedded_model
     from webrl_core.training import sft_train
 
     emb, boot = settings.models.embedded, settings.bootstrap
     work = Path(tempfile.mkdtemp(prefix="bench-copy-"))
     base = build_embedded_model(folder / "tokenizer", emb, work / "init", seed=settings.run.seed)
-    epochs, train_pairs = None, pairs
-    if boot.sft_entity_swap > 0:  # as bootstrap.sft_actor: each epoch its own swapped pass
-        passes = max(1, math.ceil(boot.sft_epochs))
-        train_pairs = augment_pairs(pairs, EntitySwapper(kinds), passes, boot.sft_entity_swap,
-                                    seed=settings.run.seed)
-        epochs = boot.sft_epochs / passes
+    train_pairs, epochs = swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap,
+                                             seed=settings.run.seed)
     t0 = time.perf_counter()
     metrics = sft_train(train_pairs, base, work / "actor", settings, epochs=epochs)
     sft_s = time.perf_counter() - t0
@@ -147,7 +142,6 @@ def train_and_check(settings, folder: Path, pairs: list[tuple[str, str]], val: l
 def copy_check(model_dir: str | Path, settings, val: list[dict], kinds: dict[str, str]) -> dict:
     """Greedy action match, typed-argument copying and the entity rank probe on the validation steps; ``kinds``:
     entity name -> kind (``sites.data.entity_kinds``)."""
-
     import torch
 
     from webrl_core.models import encode_prompt

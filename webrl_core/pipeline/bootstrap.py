@@ -7,14 +7,13 @@ pretrained model the user names the SFT actor and the ORM instead (``bootstrap.s
 from __future__ import annotations
 
 import json
-import math
 import random
 from pathlib import Path
 
 from webrl_core import launch
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.critic import Critic
-from webrl_core.entity_swap import EntitySwapper, augment_pairs
+from webrl_core.entity_swap import swapped_sft_passes
 from webrl_core.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
 from webrl_core.pipeline.experience import numeric
@@ -59,12 +58,9 @@ def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -
     build_embedded_model(tokenizer_ref.path, settings.models.embedded, base, seed=settings.run.seed)
     out = Path(run_dir) / "models" / "phase=0" / "actor"
     real = versioned(out, key)
-    boot, epochs = settings.bootstrap, None
-    if boot.sft_entity_swap > 0:
-        passes = max(1, math.ceil(boot.sft_epochs))
-        swapper = EntitySwapper(entity_kinds(settings.sites.data_seed))
-        pairs = augment_pairs(pairs, swapper, passes, boot.sft_entity_swap, seed=settings.run.seed)
-        epochs = boot.sft_epochs / passes
+    boot = settings.bootstrap
+    kinds = entity_kinds(settings.sites.data_seed) if boot.sft_entity_swap > 0 else {}
+    pairs, epochs = swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap, seed=settings.run.seed)
     metrics = launch.sft_train(pairs, base, real, settings, epochs=epochs)
     publish(out, real)
     return ArtifactRef.of(real, "model"), {"sft_pairs": len(pairs), **numeric(metrics)}

@@ -59,8 +59,11 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
             demo_tasks = run(T.train_pool, boot.demo_tasks, 1, "demo_tasks")
             demos = rollout(run, 0, "oracle", demo_tasks, None, 0.0)
             metrics["oracle_success_rate"] = run(T.label_with_env, demos)["success_rate"]
-            tokenizer = run(T.build_tokenizer, demos)
-            actor, sft_metrics = run(T.sft_actor, tokenizer, demos)
+            if run.settings.models.actor:  # a pretrained LLM (the default: SmolLM2-135M-Instruct) is fine-tuned
+                init = ArtifactRef.of(run.settings.models.actor, "model")
+            else:  # from scratch: a tokenizer of the run's own corpus and a small random model
+                init = run(T.init_embedded_actor, run(T.build_tokenizer, demos))
+            actor, sft_metrics = run(T.sft_actor, init, demos)
             metrics.update({f"sft_{k}": v for k, v in sft_metrics.items()})
             sft_tasks = run(T.train_pool, boot.rollout_tasks, 2, "sft_rollout_tasks")
             sft_rollouts = rollout(run, 0, "bootstrap", sft_tasks, actor, run.settings.policy.temperature)

@@ -83,9 +83,14 @@ def build_tokenizer(run: StageRun, demos: dict):
     return bootstrap.build_tokenizer(run.settings(), run.run_dir, demos)
 
 
+@stage_task(bootstrap.init_embedded_actor, "init-embedded-actor")
+def init_embedded_actor(run: StageRun, tokenizer_ref):
+    return bootstrap.init_embedded_actor(run.settings(), run.run_dir, tokenizer_ref)
+
+
 @stage_task(bootstrap.sft_actor, "sft-actor")
-def sft_actor(run: StageRun, tokenizer_ref, demos: dict):
-    return bootstrap.sft_actor(run.settings(), run.run_dir, tokenizer_ref, demos)
+def sft_actor(run: StageRun, init_ref, demos: dict):
+    return bootstrap.sft_actor(run.settings(), run.run_dir, init_ref, demos)
 
 
 @stage_task(bootstrap.adopt_actor, "adopt-actor")

@@ -62,6 +62,7 @@ app = WebrlTyper(help="webrl: WebRL web-agent training as cached Prefect flows."
 # (group name, module, help). Modules define `app = typer.Typer(...)`.
 _GROUPS = [
     ("config", "webrl_cli.config_cmd", "Show and check configs."),
+    ("models", "webrl_cli.models_cmd", "Pretrained models: import a GGUF file, set up a known model."),
     ("store", "webrl_cli.store_cmd", "Query, export and import the trajectory store."),
     ("bench", "webrl_cli.bench_cmd", "Benchmarks that print numbers."),
     ("env", "webrl_cli.env_cmd", "Browser environments: embedded sites, MiniWoB++, interactive play."),

@@ -31,6 +31,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from webrl_core.hardware import auto_dtype
+from webrl_core.pretrained import resolve_model_ref, setup_command
 from webrl_core.websites import ALL_SITES
 
 log = logging.getLogger(__name__)
@@ -188,9 +190,15 @@ class ModelsConfig(Section):
     actor: str | None = Field(None, description="HF folder of the starting actor (SFT model); empty: build the embedded one")
     orm: str | None = Field(None, description="HF folder of the ORM; empty: train the embedded one")
     critic: str | None = Field(None, description="folder of a trained critic to resume; empty: init from the actor")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="weights dtype for training/inference")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="compute dtype: auto = bfloat16 on a CPU with amx_bf16/avx512_bf16 or a bf16 GPU, else "
+        "float32 (float16 on an old GPU); training keeps float32 master weights under autocast")
+    dtype_reason: str = Field("", description="why models.dtype is what it is (filled in when auto is resolved)")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:0', ...")
     gradient_checkpointing: bool = Field(False, description="recompute activations to save memory")
+    train_layers: int | None = Field(
+        None, ge=1, description="train only the top N decoder layers and the final norm (embeddings, LM head and the "
+        "layers below stay frozen: no weight gradients and no backward below them); empty: all weights (or LoRA)")
     max_length: int = Field(4096, ge=64, description="max tokens of prompt+action; the observation is cut, never the action")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings for every trained model")
     embedded: EmbeddedModelConfig = Field(default_factory=EmbeddedModelConfig, description="embedded default model sizes")
@@ -198,7 +206,20 @@ class ModelsConfig(Section):
     @field_validator("actor", "orm", "critic")
     @classmethod
     def _exists(cls, v: str | None, info) -> str | None:
-        return _existing_path(v, f"models.{info.field_name}")
+        """A known short name (``smollm2-135m-instruct``) becomes its model-cache folder; the folder must exist."""
+        folder = resolve_model_ref(v)
+        if folder and folder != v and not Path(folder).exists():
+            raise ValueError(f"models.{info.field_name}={v!r} names a pretrained model whose folder {folder} is not "
+                             f"made yet: run `{setup_command(v)}`")
+        return _existing_path(folder, f"models.{info.field_name}")
+
+    @model_validator(mode="after")
+    def _resolve_auto_dtype(self) -> ModelsConfig:
+        """``dtype: auto`` becomes the concrete dtype the hardware is fast at (``webrl_core.hardware``)."""
+        if self.dtype == "auto":
+            dtype, why = auto_dtype(self.device)
+            self.__dict__["dtype"], self.__dict__["dtype_reason"] = dtype, f"auto: {why}"
+        return self
 
 
 SERVING_COMMANDS: dict[str, str] = {
@@ -393,7 +414,8 @@ class BootstrapConfig(Section):
     @field_validator("sft_actor", "sft_data")
     @classmethod
     def _exists(cls, v: str | None, info) -> str | None:
-        return _existing_path(v, f"bootstrap.{info.field_name}")
+        return _existing_path(resolve_model_ref(v) if info.field_name == "sft_actor" else v,
+                              f"bootstrap.{info.field_name}")
 
 
 class EvalConfig(Section):

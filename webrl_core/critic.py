@@ -48,7 +48,7 @@ from rich.progress import track
 from torch import nn
 
 from webrl_core.models import (apply_lora, count_parameters, enable_checkpointing, encode_prompt, left_pad,
-                               load_tokenizer, resolve_device, torch_dtype, upcast_trainable)
+                               load_tokenizer, resolve_device, torch_dtype, train_top_layers, upcast_trainable)
 
 CRITIC_JSON = "critic.json"
 HEADS_FILE = "heads.safetensors"
@@ -149,6 +149,8 @@ class Critic(nn.Module):
         if lora.enabled and not hasattr(self.backbone, "peft_config"):
             self.backbone.requires_grad_(False)
             self.backbone = apply_lora(self.backbone, lora, task_type="FEATURE_EXTRACTION")
+        elif not lora.enabled and models_cfg.train_layers:
+            train_top_layers(self.backbone, models_cfg.train_layers)
         elif not lora.enabled:
             self.backbone.requires_grad_(True)
         self.head1.float().requires_grad_(True)

@@ -9,8 +9,8 @@ Contract:
       input_ids = prompt_ids + action_ids + [stop_id]
 
   from *separately* tokenised prompt and action (so no BPE merge across the boundary can shift the action
-  mask). ``prompt_ids`` starts with BOS when the tokenizer has one and the prompt text does not already
-  start with it (Llama-3 behaviour; the ORM prompt carries its BOS as text). ``stop_id`` is ``<|eot_id|>`` when the
+  mask). ``prompt_ids`` starts with BOS when the tokenizer adds one to a text and the prompt text does not already
+  start with it (Llama-3 behaviour; the ORM prompt carries its BOS as text; SmolLM2 adds none). ``stop_id`` is ``<|eot_id|>`` when the
   vocabulary has it, else EOS. When the sample is longer than ``max_length`` only the observation is cut: the
   prompt's text before its last ``<|eot_id|>`` (i.e. the end of the current HTML, like the character budget of
   ``build_prompt``); the assistant header after it and the action are always kept.
@@ -53,6 +53,7 @@ from typing import Iterable
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, LoraConfig, ModelsConfig
+from webrl_core.pretrained import missing_hint
 from webrl_core.prompts import BOS, EOT, SPECIAL_TOKENS
 
 ORM_ANSWER_TOKENS = ("YES", "NO")
@@ -181,7 +182,7 @@ def check_model_folder(path: str | os.PathLike, what: str = "model", field: str 
     p = Path(os.path.expanduser(str(path)))
     label = f"{field}: " if field else ""
     if not p.exists():
-        raise ModelFolderMissing(f"{label}model folder {str(path)!r} does not exist")
+        raise ModelFolderMissing(f"{label}model folder {str(path)!r} does not exist{missing_hint(p)}")
     if not p.is_dir():
         raise ModelFolderError(f"{label}{str(path)!r} is a file; expected a Hugging Face model folder "
                                f"(config.json, weights, tokenizer)")
@@ -278,11 +279,32 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
     model.train()
     if cfg.gradient_checkpointing:
         enable_checkpointing(model)
+    if cfg.train_layers:
+        train_top_layers(model, cfg.train_layers)
     if cfg.lora.enabled:
         if cfg.gradient_checkpointing:  # inputs must require grad for checkpointed frozen embeddings
             model.enable_input_require_grads()
         model = apply_lora(model, cfg.lora)
     return upcast_trainable(model)
+
+
+def train_top_layers(model, n: int) -> None:
+    """Freeze everything except the top ``n`` decoder layers and the final norm (``models.train_layers``): the
+    backward pass then stops at the lowest trained layer, which on a CPU without fast bf16 more than doubles the
+    trained tokens per second of a 30-layer model (SmolLM2-135M: 66 -> 170 tokens/s with 10 of 30 layers)."""
+    base = unwrap(model)
+    decoder = base if hasattr(base, "layers") or hasattr(base, "h") else base.get_decoder()
+    layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None)
+    if layers is None:
+        raise ValueError(f"models.train_layers: {type(decoder).__name__} has no list of decoder layers (.layers/.h)")
+    if n > len(layers):
+        raise ValueError(f"models.train_layers={n} but the model has {len(layers)} decoder layers")
+    model.requires_grad_(False)
+    for layer in list(layers)[len(layers) - n:]:
+        layer.requires_grad_(True)
+    for name in ("norm", "final_layernorm", "ln_f"):
+        if isinstance(getattr(decoder, name, None), torch.nn.Module):
+            getattr(decoder, name).requires_grad_(True)
 
 
 def enable_checkpointing(model) -> None:
@@ -369,10 +391,25 @@ def stop_token_id(tok) -> int:
     return tok.eos_token_id
 
 
+def adds_bos(tok) -> bool:
+    """Whether the tokenizer itself puts BOS before a text (Llama-3 and the embedded tokenizer do; SmolLM2, whose
+    BOS is the ChatML ``<|im_start|>``, does not). Servers (vLLM) tokenise a completion prompt the same way."""
+    if tok.bos_token_id is None:
+        return False
+    cached = getattr(tok, "_webrl_adds_bos", None)
+    if cached is None:
+        cached = tok.bos_token_id in tok("x", add_special_tokens=True)["input_ids"][:1]
+        try:
+            tok._webrl_adds_bos = cached
+        except AttributeError:
+            pass
+    return cached
+
+
 def prompt_token_ids(tok, prompt: str) -> list[int]:
-    """BOS (if the tokenizer has one and the text does not start with it) + the prompt's tokens."""
+    """BOS (if the tokenizer adds one to a text and this text does not start with it) + the prompt's tokens."""
     ids = tok.encode(prompt, add_special_tokens=False)
-    if tok.bos_token_id is not None and not prompt.startswith(tok.bos_token or BOS):
+    if adds_bos(tok) and not prompt.startswith(tok.bos_token or BOS):
         ids = [tok.bos_token_id] + ids
     return ids
 

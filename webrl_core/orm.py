@@ -7,13 +7,16 @@ character budget and, if the token count still exceeds ``models.max_length``, th
 token level (``models.encode_prompt``); the question and the closing assistant header are never cut. ``final_html``
 is the observation of the last step (the page on which the agent issued its last action), as in the official code.
 
-Decision:  P(YES) = softmax([z_YES, z_NO])[0], where z are the next-token logits at the last prompt position;
+Decision:  P(YES) = p(YES | x) / (p(YES | x) + p(NO | x)), where p(a | x) is the probability of the answer's whole
+           token sequence after the prompt x (the product of its next-token probabilities);
            success  iff  P(YES) >= orm.threshold (official: 0.5).
-Only the last position's hidden state goes through the LM head (no [B, T, V] logits). Prompts are scored in
+When "YES" and "NO" are one token each (Llama-3, the released WebRL ORM; the embedded tokenizer adds them as single
+tokens) this is exactly the official rule, softmax([z_YES, z_NO])[0] over the next-token logits at the last prompt
+position (WebRL ``scripts/process_data.py`` ORM scoring), and costs one forward. A tokenizer that splits an answer
+(SmolLM2: "YES" -> "Y" + "ES") gets the answer's remaining tokens scored on the prompt's KV cache, one short forward
+per answer, the cache cropped back to the prompt in between.
+Only the scored positions' hidden states go through the LM head (no [B, T, V] logits). Prompts are scored in
 length-sorted, left-padded micro-batches of ``orm.batch_size``.
-
-"YES" and "NO" must each be one token of the tokenizer (true for Llama-3; the embedded tokenizer adds them as
-single added tokens); otherwise ``OrmScorer`` refuses the model with a clear error.
 
 Training: ``train_orm`` is a TRL ``SFTTrainer`` run on a prompt-completion dataset, pre-tokenised by us so the
 prompt ids are identical to the scoring ids (``models.encode_prompt_action``: prompt + answer + stop token), with a
@@ -32,26 +35,37 @@ import torch
 
 from webrl_core.config import ModelsConfig, OrmConfig
 from webrl_core.models import (encode_prompt, encode_prompt_action, head_logits, last_hidden_states, left_pad,
-                               load_causal_lm, load_tokenizer, resolve_device, save_model, trainer_precision_args)
+                               load_causal_lm, load_tokenizer, position_ids_from_mask, resolve_device, save_model,
+                               trainer_precision_args, unwrap)
 from webrl_core.prompts import build_orm_prompt, check_compat
 
 
 def orm_decision(yes_logit: float, no_logit: float, threshold: float = 0.5) -> tuple[float, bool]:
-    """(P(YES), success) from the two next-token logits."""
+    """(P(YES), success) from the two answers' log-probabilities (or, single-token answers, their logits)."""
     p_yes = 1.0 / (1.0 + math.exp(no_logit - yes_logit))
     return p_yes, p_yes >= threshold
 
 
+ORM_ANSWERS = ("YES", "NO")
+
+
+def answer_sequences(tok) -> tuple[list[int], list[int]]:
+    """The token ids of "YES" and "NO" as the tokenizer writes them (one id each for Llama-3)."""
+    seqs = [tok.encode(word, add_special_tokens=False) for word in ORM_ANSWERS]
+    if not all(seqs) or seqs[0] == seqs[1]:
+        raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '?')!r} encodes YES as {seqs[0]} and NO as "
+                         f"{seqs[1]}; the ORM needs two different non-empty answers")
+    return seqs[0], seqs[1]
+
+
 def answer_token_ids(tok) -> tuple[int, int]:
-    """Ids of "YES" and "NO"; each must be a single token."""
-    ids = []
-    for word in ("YES", "NO"):
-        enc = tok.encode(word, add_special_tokens=False)
+    """Ids of "YES" and "NO" where each is a single token (the official ORM's case); else ValueError."""
+    yes, no = answer_sequences(tok)
+    for word, enc in zip(ORM_ANSWERS, (yes, no)):
         if len(enc) != 1:
-            raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '?')!r} splits {word!r} into {len(enc)} tokens "
-                             f"{enc}; the ORM needs it as one token (add it as a token before training)")
-        ids.append(enc[0])
-    return ids[0], ids[1]
+            raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '?')!r} splits {word!r} into {len(enc)} "
+                             f"tokens {enc}; this method needs it as one token")
+    return yes[0], no[0]
 
 
 def orm_prompt_for_episode(episode: Mapping, steps: Sequence[Mapping], max_html_chars: int = 12000, *,
@@ -79,7 +93,7 @@ class OrmScorer:
             tokenizer = load_tokenizer(model_path)
             model = load_causal_lm(model_path, self.models_cfg, trainable=False)
         self.model, self.tok = model, tokenizer
-        self.yes_id, self.no_id = answer_token_ids(self.tok)
+        self.yes_ids, self.no_ids = answer_sequences(self.tok)
         self.device = next(self.model.parameters()).device
 
     @torch.no_grad()
@@ -91,13 +105,44 @@ class OrmScorer:
         for start in range(0, len(order), bs):
             chunk = order[start:start + bs]
             input_ids, mask = left_pad([ids[i] for i in chunk], self.tok.pad_token_id)
-            hidden = last_hidden_states(self.model, input_ids.to(self.device), mask.to(self.device))
-            logits = head_logits(self.model, hidden[:, -1, :])  # left padding: the last column is every prompt's end
-            pair = logits[:, [self.yes_id, self.no_id]].float()
-            probs = torch.softmax(pair, dim=-1)[:, 0].tolist()
-            for i, p in zip(chunk, probs):
+            lp_yes, lp_no = self._answer_logprobs(input_ids.to(self.device), mask.to(self.device))
+            for i, p in zip(chunk, torch.sigmoid(lp_yes - lp_no).tolist()):
                 out[i] = p
         return out
+
+    def _answer_logprobs(self, input_ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log p(YES | x), log p(NO | x) per row (left padding: the last column is every prompt's end). Single-token
+        answers: their logits, which give the same P(YES) (the normaliser cancels)."""
+        single = len(self.yes_ids) == 1 and len(self.no_ids) == 1
+        if single:
+            hidden = last_hidden_states(self.model, input_ids, mask)
+            pair = head_logits(self.model, hidden[:, -1, :])[:, [self.yes_ids[0], self.no_ids[0]]].float()
+            return pair[:, 0], pair[:, 1]
+        from transformers import DynamicCache
+
+        model = unwrap(self.model)
+        decoder = model.get_decoder()
+        positions = position_ids_from_mask(mask)
+        cache = DynamicCache(config=model.config)
+        out = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
+                          use_cache=True)
+        first = torch.log_softmax(head_logits(model, out.last_hidden_state[:, -1, :]), dim=-1)
+        width = input_ids.shape[0]
+        result = []
+        for seq in (self.yes_ids, self.no_ids):
+            lp = first[:, seq[0]]
+            if len(seq) > 1:  # the answer's later tokens, on the prompt's cache
+                tail = torch.tensor(seq[:-1], device=input_ids.device).expand(width, -1)
+                tail_mask = torch.cat([mask, torch.ones_like(tail)], dim=1)
+                tail_pos = positions[:, -1:] + 1 + torch.arange(tail.shape[1], device=input_ids.device)
+                h = decoder(input_ids=tail, attention_mask=tail_mask,
+                                position_ids=tail_pos, past_key_values=cache, use_cache=True).last_hidden_state
+                logp = torch.log_softmax(head_logits(model, h), dim=-1)  # [B, L-1, V]: predicts seq[1:]
+                nxt = torch.tensor(seq[1:], device=input_ids.device)
+                lp = lp + logp[:, torch.arange(len(seq) - 1), nxt].sum(-1)
+                cache.crop(-tail.shape[1])  # back to the prompt alone
+            result.append(lp)
+        return result[0], result[1]
 
     def score(self, prompts: Sequence[str]) -> list[tuple[float, bool]]:
         """(P(YES), success) per prompt."""

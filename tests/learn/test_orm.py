@@ -9,7 +9,7 @@ import torch
 
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, OrmConfig
 from webrl_core.models import build_embedded_model, load_tokenizer, train_embedded_tokenizer
-from webrl_core.orm import (OrmScorer, answer_token_ids, evaluate_orm, official_orm_p_yes, orm_decision,
+from webrl_core.orm import (OrmScorer, answer_sequences, answer_token_ids, evaluate_orm, official_orm_p_yes, orm_decision,
                             orm_examples_from_episodes, orm_prompt_for_episode, split_examples, train_orm)
 from webrl_core.prompts import build_orm_prompt
 
@@ -98,11 +98,61 @@ def test_train_orm_learns_and_evaluates(tmp_path):
     assert before["n"] == 8 and before["accuracy"] < 1.0  # the untrained model cannot tell them apart
 
 
-def test_refuses_tokenizer_that_splits_answers(tmp_path):
+def test_official_single_token_rule_refuses_split_answers(tmp_path):
     train_embedded_tokenizer(["abc"], 300, tmp_path / "tok")
     tok = load_tokenizer(tmp_path / "tok")
     answer_token_ids(tok)  # ours: single tokens
     tok2 = load_tokenizer(tmp_path / "tok")
-    tok2.encode = lambda text, add_special_tokens=False: [5, 6]  # a tokenizer that splits every word
+    tok2.encode = lambda text, add_special_tokens=False: {"YES": [5, 6], "NO": [7]}.get(text, [5])
     with pytest.raises(ValueError, match="one token"):
         answer_token_ids(tok2)
+    tok2.encode = lambda text, add_special_tokens=False: [5, 6]  # both answers alike: nothing to score
+    with pytest.raises(ValueError, match="two different"):
+        answer_sequences(tok2)
+
+
+@pytest.fixture(scope="module")
+def splitting_model_dir(tmp_path_factory):
+    """A tiny random Llama on SmolLM2's tokenizer, which splits "YES" into "Y" + "ES"."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from webrl_core.pretrained import setup_model
+
+    tok = load_tokenizer(setup_model("smollm2-135m-instruct"))
+    torch.manual_seed(3)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.pad_token_id, tie_word_embeddings=True))
+    out = tmp_path_factory.mktemp("split") / "model"
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    return out
+
+
+def test_scores_answers_the_tokenizer_splits(splitting_model_dir):
+    """P(YES) = p(YES|x) / (p(YES|x) + p(NO|x)) over the answers' whole token sequences; batched (KV cache, left
+    padding) equals a brute-force forward of prompt + answer, one prompt at a time."""
+    mcfg = ModelsConfig(max_length=512, dtype="float32")
+    scorer = OrmScorer(splitting_model_dir, OrmConfig(batch_size=3), mcfg)
+    assert len(scorer.yes_ids) == 2 and len(scorer.no_ids) == 1  # the case the official rule cannot score
+    with pytest.raises(ValueError, match="splits 'YES' into 2 tokens"):
+        answer_token_ids(scorer.tok)
+    prompts = [build_orm_prompt(f"intent {i}", [OK] * i, "<p>x</p>" * (i * 5 + 1)) for i in range(5)]
+    batched = scorer.p_yes(prompts)
+
+    def seq_logprob(prompt_ids: list[int], answer: list[int]) -> float:
+        ids = torch.tensor([prompt_ids + answer])
+        with torch.no_grad():
+            logp = torch.log_softmax(scorer.model(input_ids=ids).logits.float()[0], dim=-1)
+        return sum(logp[len(prompt_ids) - 1 + j, t].item() for j, t in enumerate(answer))
+
+    from webrl_core.models import encode_prompt
+
+    reference = []
+    for p in prompts:
+        ids = encode_prompt(scorer.tok, p, 512)
+        reference.append(1 / (1 + math.exp(seq_logprob(ids, scorer.no_ids) - seq_logprob(ids, scorer.yes_ids))))
+    assert batched == pytest.approx(reference, abs=1e-5)
+    assert batched == pytest.approx(scorer.p_yes(prompts, batch_size=1), abs=1e-5)
+    assert len({round(math.log(p / (1 - p)), 4) for p in batched}) > 1  # the prompt matters: not a constant

@@ -59,9 +59,12 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, out: str | No
     demo_roll = experience.rollout(settings, run_dir, 0, "oracle", demo_ref, None, 0.0)
     collect_s = time.perf_counter() - t0
     demo_set = {"episode_ids": demo_roll["episode_ids"]}
-    tok = bootstrap.build_tokenizer(settings, run_dir, demo_set)
+    if settings.models.actor:  # the pretrained model, as the bootstrap fine-tunes it
+        init = ArtifactRef.of(settings.models.actor, "model")
+    else:
+        init = bootstrap.init_embedded_actor(settings, run_dir, bootstrap.build_tokenizer(settings, run_dir, demo_set))
     t0 = time.perf_counter()
-    actor, sft = bootstrap.sft_actor(settings, run_dir, tok, demo_set)
+    actor, sft = bootstrap.sft_actor(settings, run_dir, init, demo_set)
     sft_s = time.perf_counter() - t0
     intents = {t["intent"] for t in read_json(demo_ref)}
     val_ref = validation_tasks(settings, run_dir, val_tasks, intents)

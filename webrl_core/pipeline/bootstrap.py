@@ -1,5 +1,5 @@
-"""Phase 0 of the embedded default, which trains its models from scratch: a byte-level BPE tokenizer on the run's
-own corpus, the SFT actor (fine-tuned on successful oracle demonstrations, completion-only loss), the outcome
+"""Phase 0 on the embedded sites: the SFT actor (the pretrained ``models.actor``, or a from-scratch model on a
+byte-level BPE tokenizer of the run's own corpus, fine-tuned on successful oracle demonstrations), the outcome
 reward model (SFT of the actor's backbone on (ORM prompt, YES/NO) pairs labelled by the sites' evaluators,
 paper Sec. 3.2) and the critic (the SFT backbone with fresh value heads, trained from phase 1 on). With a
 pretrained model the user names the SFT actor and the ORM instead (``bootstrap.sft_actor``, ``models.orm``)."""
@@ -46,22 +46,28 @@ def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
     return ArtifactRef.of(real, "model")
 
 
+@stage("models", "run")
+def init_embedded_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef) -> ArtifactRef:
+    """The from-scratch embedded model (``models.embedded``, random weights) on the run's own tokenizer."""
+    base = versioned(Path(run_dir) / "models" / "phase=0" / "init", output_key(settings, tokenizer_ref))
+    build_embedded_model(tokenizer_ref.path, settings.models.embedded, base, seed=settings.run.seed)
+    return ArtifactRef.of(base, "model")
+
+
 @stage("run", "models", "bootstrap", "actor", "training", "sites")  # actor: batch sizes of the model it trains
-def sft_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
-    """Create the embedded model and fine-tune it on successful oracle demonstrations (completion-only loss).
-    With ``bootstrap.sft_entity_swap`` each epoch is its own entity-swapped pass over the pairs."""
+def sft_actor(settings, run_dir: str, init_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
+    """Fine-tune the initial actor (the pretrained ``models.actor``, or the from-scratch embedded model) on the
+    successful oracle demonstrations. With ``bootstrap.sft_entity_swap`` each epoch is its own entity-swapped pass
+    over the pairs."""
     eps, by_ep = TrajectoryStore(run_dir).finished_episodes(demos["episode_ids"])
     pairs = [(s["prompt"], s["response"]) for e in eps if is_success(e.get("env_score"))
              for s in by_ep.get(e["episode_id"], [])]
-    key = output_key(settings, tokenizer_ref, json.dumps(demos["episode_ids"]))
-    base = versioned(Path(run_dir) / "models" / "phase=0" / "init", key)
-    build_embedded_model(tokenizer_ref.path, settings.models.embedded, base, seed=settings.run.seed)
     out = Path(run_dir) / "models" / "phase=0" / "actor"
-    real = versioned(out, key)
+    real = versioned(out, output_key(settings, init_ref, json.dumps(demos["episode_ids"])))
     boot = settings.bootstrap
     kinds = entity_kinds(settings.sites.data_seed) if boot.sft_entity_swap > 0 else {}
     pairs, epochs = swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap, seed=settings.run.seed)
-    metrics = launch.sft_train(pairs, base, real, settings, epochs=epochs)
+    metrics = launch.sft_train(pairs, init_ref.path, real, settings, epochs=epochs)
     publish(out, real)
     return ArtifactRef.of(real, "model"), {"sft_pairs": len(pairs), **numeric(metrics)}
 

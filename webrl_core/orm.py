@@ -190,7 +190,9 @@ def _tokenised_dataset(tok, examples: Sequence[dict], max_length: int):
 def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_dir: str | os.PathLike,
               cfg: OrmConfig | None = None, models_cfg: ModelsConfig | None = None, seed: int = 0) -> Path:
     """Fine-tune ``base_model_dir`` on (prompt, YES/NO) with TRL's SFTTrainer; saves an HF folder at out_dir."""
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
+
+    from webrl_core.sft_trainer import SelectedLogitsSFTTrainer
 
     from webrl_core.training import fit, progress_callbacks
 
@@ -208,8 +210,9 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
         max_length=models_cfg.max_length, gradient_checkpointing=models_cfg.gradient_checkpointing,
         use_cpu=device.type == "cpu", **trainer_precision_args(models_cfg, device),
         disable_tqdm=True)  # progress: rich (progress_callbacks), as everywhere else
-    trainer = SFTTrainer(model=model, args=args, train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
-                         processing_class=tok, callbacks=progress_callbacks())
+    trainer = SelectedLogitsSFTTrainer(model=model, args=args,
+                                       train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
+                                       processing_class=tok, callbacks=progress_callbacks())
     fit(trainer)
     model = trainer.model
     model.eval()

@@ -637,7 +637,9 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     several augmented passes). The recipe (cosine schedule, 10% warm-up) is the official SFT's
     (``LLaMA-Factory/examples/train_full/llama3_full_policy_web.yaml``)."""
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
+
+    from webrl_core.sft_trainer import SelectedLogitsSFTTrainer
 
     if not pairs:
         raise ValueError("sft_train: no (prompt, action) pairs")
@@ -660,8 +662,8 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
             raise ValueError(f"sft_train: pair {i} must be (prompt: str, action: str), got {pair!r:.120}")
         enc = encode_prompt_action(tok, pair[0], pair[1], settings.models.max_length)
         rows.append({"input_ids": enc["input_ids"], "completion_mask": enc["action_mask"]})
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tok,
-                         callbacks=progress_callbacks())
+    trainer = SelectedLogitsSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                       processing_class=tok, callbacks=progress_callbacks())
     t0 = time.perf_counter()
     result = fit(trainer)
     train_s = time.perf_counter() - t0

@@ -440,6 +440,24 @@ def truncate_prompt_ids(ids: list[int], room: int, eot_id: int | None, tok=None)
     return ids[:head] + ids[len(ids) - tail_len:]
 
 
+def fit_prompt_ids(tok, prompt: str, room: int) -> list[int]:
+    """The prompt's ids cut to ``room`` tokens (``truncate_prompt_ids``). A tokenizer for which ``<|eot_id|>`` is
+    plain text (SmolLM2, Qwen) has no such id to split at: a prompt that does not fit is split at the text of its
+    last ``<|eot_id|>`` instead (whitespace before it goes with the tail), each side tokenised alone, and the end
+    of the head (the end of the current HTML) is cut. A prompt that fits is tokenised whole, as a server would."""
+    ids = prompt_token_ids(tok, prompt)
+    eot = eot_token_id(tok)
+    if len(ids) <= room or eot is not None or EOT not in prompt:
+        return truncate_prompt_ids(ids, room, eot, tok)
+    cut = prompt.rindex(EOT)
+    while cut > 0 and prompt[cut - 1].isspace():
+        cut -= 1
+    tail = tok.encode(prompt[cut:], add_special_tokens=False)
+    if len(tail) > room:
+        raise ValueError(f"the prompt's closing part needs {len(tail)} tokens but only {room} fit; raise models.max_length")
+    return prompt_token_ids(tok, prompt[:cut])[:room - len(tail)] + tail
+
+
 def encode_prompt_action(tok, prompt: str, action: str, max_length: int) -> dict[str, list[int]]:
     """input_ids = prompt_ids + action_ids + [stop]; labels -100 on the prompt; action_mask 1 on action + stop."""
     stop = stop_token_id(tok)
@@ -447,7 +465,7 @@ def encode_prompt_action(tok, prompt: str, action: str, max_length: int) -> dict
     room = max_length - len(action_ids)
     if room < 1:
         raise ValueError(f"action of {len(action_ids)} tokens does not fit models.max_length={max_length}")
-    p_ids = truncate_prompt_ids(prompt_token_ids(tok, prompt), room, eot_token_id(tok), tok)
+    p_ids = fit_prompt_ids(tok, prompt, room)
     input_ids = p_ids + action_ids
     return {
         "input_ids": input_ids,
@@ -459,7 +477,7 @@ def encode_prompt_action(tok, prompt: str, action: str, max_length: int) -> dict
 
 def encode_prompt(tok, prompt: str, max_length: int) -> list[int]:
     """Prompt ids alone, cut like ``encode_prompt_action`` does (generation, ORM, critic inputs)."""
-    return truncate_prompt_ids(prompt_token_ids(tok, prompt), max_length, eot_token_id(tok), tok)
+    return fit_prompt_ids(tok, prompt, max_length)
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

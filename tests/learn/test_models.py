@@ -179,3 +179,28 @@ def test_tied_embeddings(tok_dir, tmp_path):
     assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     untied = load_causal_lm(build_embedded_model(tok_dir, tiny("llama"), tmp_path / "untied"), ModelsConfig())
     assert count_parameters(model)["total_params"] < count_parameters(untied)["total_params"]
+
+
+def test_smollm2_tokenizer_alignment_bos_stop_and_cut():
+    """SmolLM2's tokenizer: <|eot_id|> is plain text, BOS (<|im_start|>) is not added to a text, the stop token is
+    its EOS; a long prompt loses the end of its HTML, never the assistant header, and the action mask still
+    covers exactly the action + stop."""
+    from webrl_core.models import adds_bos, encode_prompt, encode_prompt_action, eot_token_id, stop_token_id
+    from webrl_core.pretrained import setup_model
+    from webrl_core.prompts import build_prompt
+
+    tok = load_tokenizer(setup_model("smollm2-135m-instruct"))
+    assert eot_token_id(tok) is None and not adds_bos(tok) and stop_token_id(tok) == tok.eos_token_id == 2
+    html = " ".join(f'<a id="{i}">item number {i}</a>' for i in range(400))
+    prompt = build_prompt("Open item 7", [], html)
+    action = 'do(action="Click", element="7")'
+    full = encode_prompt_action(tok, prompt, action, 100_000)
+    assert full["input_ids"][:len(full["input_ids"]) - sum(full["action_mask"])] == tok.encode(prompt)  # whole text
+    cut = encode_prompt_action(tok, prompt, action, 300)
+    assert len(cut["input_ids"]) == 300
+    n_act = sum(cut["action_mask"])
+    assert cut["input_ids"][-n_act:] == tok.encode(action) + [2]
+    text = tok.decode(cut["input_ids"][:-n_act])
+    assert text.startswith(prompt[:40]) and text.endswith(prompt[prompt.rindex("<|eot_id|>") - 2:])
+    assert "item number 399" not in text  # the end of the HTML went
+    assert encode_prompt(tok, prompt, 300 - n_act) == cut["input_ids"][:-n_act]

@@ -78,7 +78,10 @@ def demo(config: str = typer.Option("demo", help="config (path or packaged name)
     t0 = time.perf_counter()
     out = webrl_train(config=config, overrides=set_)
     rd = out["run_dir"]
+    from webrl_core.report import models_line
+
     print_table(rd)
+    typer.echo(models_line(rd).strip())
     typer.echo(f"\nwall time {time.perf_counter() - t0:.0f} s")
     typer.echo(f"run dir:  {rd}\nsummary:  {rd}/summary.md\nplots:    {rd}/plots/\nviewer:   {rd}/viewer/\n"
                f"store:    webrl store stats {rd}\nMLflow:   webrl serve mlflow --run-dir {rd}")

@@ -162,10 +162,26 @@ def plot_funnel_and_losses(run_dir: str | Path) -> list[Path]:
     return paths
 
 
+def models_line(run_dir: str | Path) -> str:
+    """Which model the run started from and the precision it computed in (and why, for ``models.dtype: auto``),
+    from the run's resolved ``config.yaml``; '' without one."""
+    import yaml
+
+    cfg_file = Path(run_dir) / "config.yaml"
+    if not cfg_file.is_file():
+        return ""
+    models = (yaml.safe_load(cfg_file.read_text()) or {}).get("models") or {}
+    start = models.get("actor") or "the embedded model, trained from scratch"
+    why = f" ({models['dtype_reason']})" if models.get("dtype_reason") else ""
+    layers = f"; trained layers: top {models['train_layers']}" if models.get("train_layers") else ""
+    return f"Starting actor: {start}; precision: {models.get('dtype', '?')}{why}{layers}.\n\n"
+
+
 def write_summary(run_dir: str | Path) -> Path:
     rows = results_table(run_dir)
     out = Path(run_dir) / "summary.md"
-    out.write_text("# WebRL run summary\n\nTest-set success rate (%) per site (solved / (solved + failed)):\n\n"
+    out.write_text("# WebRL run summary\n\n" + models_line(run_dir)
+                   + "Test-set success rate (%) per site (solved / (solved + failed)):\n\n"
                    + markdown_table(rows) + "\n" + notes_markdown(rows))
     return out
 

@@ -34,9 +34,9 @@ from typing import Mapping, Sequence
 import torch
 
 from webrl_core.config import ModelsConfig, OrmConfig
-from webrl_core.models import (encode_prompt, encode_prompt_action, head_logits, last_hidden_states, left_pad,
-                               load_causal_lm, load_tokenizer, position_ids_from_mask, resolve_device, save_model,
-                               trainer_precision_args, unwrap)
+from webrl_core.models import (ORM_ANSWER_TOKENS, encode_prompt, encode_prompt_action, head_logits,
+                               last_hidden_states, left_pad, load_causal_lm, load_tokenizer, position_ids_from_mask,
+                               resolve_device, save_model, trainer_precision_args, unwrap)
 from webrl_core.prompts import build_orm_prompt, check_compat
 
 
@@ -46,12 +46,9 @@ def orm_decision(yes_logit: float, no_logit: float, threshold: float = 0.5) -> t
     return p_yes, p_yes >= threshold
 
 
-ORM_ANSWERS = ("YES", "NO")
-
-
 def answer_sequences(tok) -> tuple[list[int], list[int]]:
     """The token ids of "YES" and "NO" as the tokenizer writes them (one id each for Llama-3)."""
-    seqs = [tok.encode(word, add_special_tokens=False) for word in ORM_ANSWERS]
+    seqs = [tok.encode(word, add_special_tokens=False) for word in ORM_ANSWER_TOKENS]
     if not all(seqs) or seqs[0] == seqs[1]:
         raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '?')!r} encodes YES as {seqs[0]} and NO as "
                          f"{seqs[1]}; the ORM needs two different non-empty answers")
@@ -61,7 +58,7 @@ def answer_sequences(tok) -> tuple[list[int], list[int]]:
 def answer_token_ids(tok) -> tuple[int, int]:
     """Ids of "YES" and "NO" where each is a single token (the official ORM's case); else ValueError."""
     yes, no = answer_sequences(tok)
-    for word, enc in zip(ORM_ANSWERS, (yes, no)):
+    for word, enc in zip(ORM_ANSWER_TOKENS, (yes, no)):
         if len(enc) != 1:
             raise ValueError(f"tokenizer {getattr(tok, 'name_or_path', '?')!r} splits {word!r} into {len(enc)} "
                              f"tokens {enc}; this method needs it as one token")
@@ -125,7 +122,7 @@ class OrmScorer:
         positions = position_ids_from_mask(mask)
         cache = DynamicCache(config=model.config)
         out = decoder(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=cache,
-                          use_cache=True)
+                      use_cache=True)
         first = torch.log_softmax(head_logits(model, out.last_hidden_state[:, -1, :]), dim=-1)
         width = input_ids.shape[0]
         result = []
@@ -135,8 +132,8 @@ class OrmScorer:
                 tail = torch.tensor(seq[:-1], device=input_ids.device).expand(width, -1)
                 tail_mask = torch.cat([mask, torch.ones_like(tail)], dim=1)
                 tail_pos = positions[:, -1:] + 1 + torch.arange(tail.shape[1], device=input_ids.device)
-                h = decoder(input_ids=tail, attention_mask=tail_mask,
-                                position_ids=tail_pos, past_key_values=cache, use_cache=True).last_hidden_state
+                h = decoder(input_ids=tail, attention_mask=tail_mask, position_ids=tail_pos, past_key_values=cache,
+                            use_cache=True).last_hidden_state
                 logp = torch.log_softmax(head_logits(model, h), dim=-1)  # [B, L-1, V]: predicts seq[1:]
                 nxt = torch.tensor(seq[1:], device=input_ids.device)
                 lp = lp + logp[:, torch.arange(len(seq) - 1), nxt].sum(-1)

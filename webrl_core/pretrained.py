@@ -14,7 +14,6 @@ folder appears only complete (written beside it, then renamed).
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -22,6 +21,8 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from webrl_core.artifacts import sha256_file
 
 CACHE_ENV = "WEBRL_MODEL_CACHE"
 MANIFEST = "webrl-model.json"
@@ -64,11 +65,16 @@ def canonical_name(value: str | None) -> str | None:
     return key if key in KNOWN else None
 
 
-def model_folder(name: str) -> Path:
+def known_name(name: str) -> str:
+    """The canonical name of a known model (``canonical_name``); KeyError naming the known ones otherwise."""
     key = canonical_name(name)
     if key is None:
         raise KeyError(f"{name!r} is not a known model name; known: {', '.join(sorted(KNOWN))}")
-    return cache_dir() / key
+    return key
+
+
+def model_folder(name: str) -> Path:
+    return cache_dir() / known_name(name)
 
 
 def resolve_model_ref(value: str | None) -> str | None:
@@ -92,9 +98,7 @@ def missing_hint(path: str | os.PathLike) -> str:
 
 def packaged_gguf(name: str) -> Path:
     """The GGUF file inside the installed wheel of a known model (the package is located, not imported)."""
-    key = canonical_name(name)
-    if key is None:
-        raise KeyError(f"{name!r} is not a known model name; known: {', '.join(sorted(KNOWN))}")
+    key = known_name(name)
     known = KNOWN[key]
     spec = importlib.util.find_spec(known.package)
     if spec is None or not spec.submodule_search_locations:
@@ -104,14 +108,6 @@ def packaged_gguf(name: str) -> Path:
     if not f.is_file():
         raise PretrainedModelMissing(f"model {key!r}: {f} is missing from the installed {known.pip}")
     return f
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def load_gguf(gguf_file: str | os.PathLike):
@@ -137,7 +133,7 @@ def import_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, name: str 
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     src, dst = Path(gguf_file), Path(os.path.expanduser(str(out)))
-    digest = _sha256(src) if src.is_file() else None
+    digest = sha256_file(src) if src.is_file() else None
     if (dst / MANIFEST).is_file():
         old = json.loads((dst / MANIFEST).read_text())
         if digest is not None and old.get("source_sha256") == digest:
@@ -182,9 +178,7 @@ def import_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, name: str 
 
 def setup_model(name: str) -> Path:
     """The cache folder of a known model, made from its installed wheel when it is not there yet."""
-    key = canonical_name(name)
-    if key is None:
-        raise KeyError(f"{name!r} is not a known model name; known: {', '.join(sorted(KNOWN))}")
+    key = known_name(name)
     folder = model_folder(key)
     if (folder / MANIFEST).is_file():
         return folder

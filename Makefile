@@ -8,7 +8,7 @@ demo: setup
 	.venv/bin/webrl demo
 
 test: setup
-	bash infra/setup_vllm.sh  # vLLM in its own environment: tests/test_serving.py serves a phase's actor with it
+	bash infra/setup_vllm.sh  # vLLM in its own environment: tests/agent/test_serving.py serves a phase's actor with it
 	.venv/bin/python -m pytest -q tests
 
 bench: setup

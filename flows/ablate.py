@@ -1,5 +1,5 @@
 """``webrl-ablate``: the paper's Fig. 5 ablation as a flow. For each seed: one bootstrap, forked into one run dir per
-variant (``webrl_core.ablation``), then N phases per variant, each phase the ``webrl-phase`` flow (cached like any
+variant (``webrl_core.experiments.ablation``), then N phases per variant, each phase the ``webrl-phase`` flow (cached like any
 other run). A variant whose phase has nothing to learn from (``NoTrainingData``: e.g. without replay and without a
 single success) or nothing to evolve from (``NoSeedTasks``) stops there; the table names where and why. Ends with
 the table (mean and range over seeds per variant and phase), the plot, and whether Fig. 5's order holds, saved in
@@ -13,7 +13,8 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.webrl import webrl_bootstrap, webrl_phase
-from webrl_core import ablation, tracking
+from webrl_core.experiments import ablation
+from webrl_core.runs import tracking
 from webrl_core.config import load_config
 from webrl_core.pipeline.generation import NoSeedTasks
 from webrl_core.pipeline.updates import NoTrainingData

@@ -10,10 +10,11 @@ from typing import Any, Iterator
 from prefect import get_run_logger
 
 from tasks.stages import StageRun
-from webrl_core import runlock, tracking, validate
+from webrl_core.pipeline import validate
+from webrl_core.runs import runlock, tracking
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import WebRLSettings, load_config
-from webrl_core.rundir import model_ref, run_identity
+from webrl_core.runs.rundir import model_ref, run_identity
 
 
 @dataclass(frozen=True)

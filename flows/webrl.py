@@ -16,11 +16,11 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from flows.context import RunContext, open_run
 from flows.review import review_tasks
 from tasks import stages as T
-from webrl_core import report, tracking
+from webrl_core.runs import report, tracking
 from webrl_core.artifacts import ArtifactRef, read_json
 from webrl_core.pipeline.experience import merge_rollouts
-from webrl_core.rollout_policy import needs_server, phase_policy_digest
-from webrl_core.rundir import labelled_state
+from webrl_core.agent.rollout_policy import needs_server, phase_policy_digest
+from webrl_core.runs.rundir import labelled_state
 
 
 def rollout(run: RunContext, phase: int, purpose: str, tasks_ref, actor_ref, temperature: float) -> dict:

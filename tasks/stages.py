@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from webrl_core.config import WebRLSettings
 from webrl_core.pipeline import bootstrap, evaluation, experience, generation, task_sets, updates
 from webrl_core.pipeline.stage import config_for
-from webrl_core.rundir import library_source_digest
+from webrl_core.runs.rundir import library_source_digest
 
 
 LIBRARY_SOURCE = CacheKeyFnPolicy(cache_key_fn=lambda ctx, params: library_source_digest())

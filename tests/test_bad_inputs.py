@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from webrl_core import validate as V
+from webrl_core.pipeline import validate as V
 from webrl_core.config import ConfigError, load_config
 from webrl_core.env import webarena as wa
-from webrl_core.models import ModelFolderError, check_model_folder
-from webrl_core.store import StoreError, TrajectoryStore
+from webrl_core.learn.models import ModelFolderError, check_model_folder
+from webrl_core.runs.store import StoreError, TrajectoryStore
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "fixtures" / "webarena" / "mini_lite.raw.json"

@@ -12,7 +12,7 @@ from webrl_core import identity
 from webrl_core.artifacts import MANIFEST, ArtifactRef, sha256_path
 from webrl_core.config import EnvConfig, PolicyConfig
 from webrl_core.sites import test_set as embedded_test_set
-from webrl_core.store import SCHEMA_VERSION, StoreError, TrajectoryStore
+from webrl_core.runs.store import SCHEMA_VERSION, StoreError, TrajectoryStore
 
 
 def _key(task, **kw):

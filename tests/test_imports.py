@@ -113,3 +113,36 @@ def test_the_site_list_is_defined_once():
                 if len(names & sites) >= 4:
                     listings.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert listings == ["webrl_core/websites.py:17"]
+
+
+# webrl_core's layers, lowest first: a module may import its own layer and the layers below, never one above.
+# Layer 0 is the package's top-level modules (settings, identities, the site list, the prompt and policy formats).
+LAYERS = ["", "runs", "env", "sites", "learn", "agent", "scale", "pipeline", "experiments", "bench"]
+APPS = ("tasks", "flows", "webrl_cli")  # above the library: Prefect tasks, flows and the CLI
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    if parts[0] in APPS:
+        return len(LAYERS)
+    sub = parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else ""
+    return LAYERS.index(sub)
+
+
+def test_lower_layers_never_import_upper_ones():
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        for dep in _imports(name, path, modules):
+            if _layer(dep) > _layer(name):
+                upward.append(f"{name} -> {dep}")
+    assert _layer("webrl_core.runs.store") == 1 and _layer("webrl_core.config") == 0  # the walk sees the layers
+    assert _layer("webrl_core.pipeline") == LAYERS.index("pipeline")
+    assert upward == []
+
+
+def test_webrl_core_top_level_holds_at_most_twelve_modules():
+    top = sorted(p.stem for p in (ROOT / "webrl_core").glob("*.py") if p.stem != "__init__")
+    subpackages = {p.parent.name for p in (ROOT / "webrl_core").glob("*/__init__.py")}
+    assert len(top) <= 12, top
+    assert subpackages == set(LAYERS[1:]), subpackages  # every subpackage has its place in the layers

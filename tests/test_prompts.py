@@ -10,10 +10,10 @@ import json
 import pytest
 
 from webrl_core import prompts
-from webrl_core.orm import orm_examples_from_episodes, orm_prompt_for_episode
+from webrl_core.learn.orm import orm_examples_from_episodes, orm_prompt_for_episode
 from webrl_core.prompts import (BOS, OFFICIAL_FORMAT_FILE, build_chat_messages, build_orm_prompt, build_prompt,
                                 round0_prompt)
-from webrl_core.transitions import import_vab_traces
+from webrl_core.learn.transitions import import_vab_traces
 
 DATA = json.loads(OFFICIAL_FORMAT_FILE.read_text(encoding="utf-8"))
 S = {k: v["text"] for k, v in DATA["strings"].items()}

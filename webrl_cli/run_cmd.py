@@ -38,7 +38,8 @@ def _load(config: str, set_: list[str], flow: str | None = None, run_dir: str | 
         typer.echo(str(e), err=True)
         raise typer.Exit(2)
     if flow is not None:
-        from webrl_core import runlock, validate
+        from webrl_core.pipeline import validate
+        from webrl_core.runs import runlock
 
         rd = str(Path(run_dir or s.run_dir()).resolve())
         runlock.check_free(rd, f"webrl-{flow}", phase)  # another flow runs there: say so
@@ -52,7 +53,7 @@ def print_table(run_dir: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.report import results_table
+    from webrl_core.runs.report import results_table
     from webrl_core.websites import SITE_TITLES, SITES
 
     rows = results_table(run_dir)
@@ -78,7 +79,7 @@ def demo(config: str = typer.Option("demo", help="config (path or packaged name)
     t0 = time.perf_counter()
     out = webrl_train(config=config, overrides=set_)
     rd = out["run_dir"]
-    from webrl_core.report import models_line
+    from webrl_core.runs.report import models_line
 
     print_table(rd)
     typer.echo(models_line(rd).strip())
@@ -92,12 +93,12 @@ def ablate(config: str = typer.Option("demo", help="config"),
            phases: int = typer.Option(4, help="WebRL phases per variant"),
            seeds: str = typer.Option("0,1", help="comma-separated run seeds; each gets its own bootstrap"),
            variants: str = typer.Option("webrl,no-replay,no-kl-no-replay",
-                                        help="comma-separated variants (webrl_core.ablation.VARIANTS)"),
+                                        help="comma-separated variants (webrl_core.experiments.ablation.VARIANTS)"),
            run_dir: Optional[str] = typer.Option(None, help="ablation directory (default <run.root>/<run.name>-ablate)"),
            set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
     """The paper's Fig. 5 ablation: WebRL vs without replay vs without KL and replay, from one bootstrap per seed;
     prints the table (mean and range over seeds) and writes the plot."""
-    from webrl_core import ablation
+    from webrl_core.experiments import ablation
 
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
     for v in chosen:
@@ -160,8 +161,8 @@ def sft(data: Path = typer.Option(..., help="demonstrations: a LLaMA-Factory Sha
     """Fine-tune a base model on demonstrations (phase 0 of a real model; the bootstrap flow does the same with
     bootstrap.sft_data). The loss is on the action tokens (bootstrap.sft_loss)."""
     s = _load(config, set_)
-    from webrl_core import launch
-    from webrl_core.sft_data import read_demonstrations
+    from webrl_core.scale import launch
+    from webrl_core.learn.sft_data import read_demonstrations
 
     base = base or s.models.actor
     if not base:
@@ -199,7 +200,7 @@ def reproduce(run_dir: str = typer.Argument(..., help="run directory of a finish
     """Re-run a phase from its recorded artifacts and report whether the outputs match."""
     import json
 
-    from webrl_core.reproduce import reproduce_phase
+    from webrl_core.experiments.reproduce import reproduce_phase
 
     prefect_env(str(Path(run_dir).resolve().parent))
     rep = reproduce_phase(run_dir, phase, redo_rollouts=rollouts)

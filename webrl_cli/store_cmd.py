@@ -11,7 +11,7 @@ app = typer.Typer(no_args_is_help=True)
 
 
 def _store(run_dir: str):
-    from webrl_core.store import StoreError, TrajectoryStore
+    from webrl_core.runs.store import StoreError, TrajectoryStore
 
     if not (Path(run_dir) / "store").exists():
         typer.echo(f"no store at {Path(run_dir) / 'store'} (is {run_dir!r} a run directory?)", err=True)
@@ -26,7 +26,7 @@ def _store(run_dir: str):
 @app.command("migrate")
 def migrate(run_dir: str = typer.Argument(..., help="run directory whose store an older webrl wrote")):
     """Upgrade a store written by an earlier schema version in place (every row is kept)."""
-    from webrl_core.store import TrajectoryStore
+    from webrl_core.runs.store import TrajectoryStore
 
     if not (Path(run_dir) / "store").exists():
         typer.echo(f"no store at {Path(run_dir) / 'store'}", err=True)
@@ -95,7 +95,7 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
     """Export a phase's trajectories (official stage-1 record format or JSON lines)."""
     import json
 
-    from webrl_core.transitions import episode_transitions, export_official
+    from webrl_core.learn.transitions import episode_transitions, export_official
 
     store = _store(run_dir)
     episodes = [e for e in store.episodes(phase) if e["status"] != "error"]
@@ -126,8 +126,8 @@ def import_traces(traces_dir: str = typer.Argument(..., help="VAB result dir (wi
                   run_dir: str = typer.Option(..., "--run-dir", help="run directory to import into"),
                   phase: int = typer.Option(0, help="phase to file the episodes under")):
     """Import VAB-WebArena-Lite `traces/*.jsonl` (+ actions/<id>.json scores) as episodes and steps."""
-    from webrl_core.store import TrajectoryStore
-    from webrl_core.transitions import import_vab_traces
+    from webrl_core.runs.store import TrajectoryStore
+    from webrl_core.learn.transitions import import_vab_traces
 
     items = import_vab_traces(traces_dir, phase=phase)
     n = TrajectoryStore(run_dir).write_episodes(items)
@@ -137,7 +137,7 @@ def import_traces(traces_dir: str = typer.Argument(..., help="VAB result dir (wi
 @app.command("schema")
 def schema():
     """Print the tables, their columns and the schema version."""
-    from webrl_core.store import COLUMN_DOCS, SCHEMA_VERSION, SCHEMAS
+    from webrl_core.runs.store import COLUMN_DOCS, SCHEMA_VERSION, SCHEMAS
 
     typer.echo(f"schema version {SCHEMA_VERSION}")
     for name, sch in SCHEMAS.items():

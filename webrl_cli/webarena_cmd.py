@@ -84,7 +84,7 @@ def local_setup(
     a ShareGPT file from oracle demonstrations, seed and test task files in WebArena-Lite format. Then:
     `webrl train --config webarena-local`."""
     from webrl_core.config import EmbeddedModelConfig, EnvConfig, env_site_urls
-    from webrl_core.local_webarena import prepare_local_inputs
+    from webrl_core.pipeline.local_webarena import prepare_local_inputs
 
     model = EmbeddedModelConfig(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2, vocab_size=2048,
                                 max_length=2048, arch=arch)  # head_dim 64: what vLLM's CPU attention takes

@@ -223,7 +223,7 @@ class ModelsConfig(Section):
 
 
 SERVING_COMMANDS: dict[str, str] = {
-    "webrl": "{python} -m webrl_core.serve_hf --model {model} --host {host} --port {port} "
+    "webrl": "{python} -m webrl_core.agent.serve_hf --model {model} --host {host} --port {port} "
              "--served-model-name {served_model_name} --dtype {dtype} --device {device}",
     "vllm": "{python} -m vllm.entrypoints.openai.api_server --model {model} --host {host} --port {port} "
             "--served-model-name {served_model_name} --dtype {dtype} --max-model-len {max_length} --seed {seed}",
@@ -233,12 +233,12 @@ SERVING_COMMANDS: dict[str, str] = {
 }
 """Default command template of each serving engine (``serving.command`` overrides it). Placeholders: python, model,
 host, port, served_model_name, dtype, device, max_length, seed. vLLM: ``vllm serve``'s OpenAI server module;
-SGLang: ``sglang.launch_server``; webrl: the project's own HF server (``webrl_core.serve_hf``)."""
+SGLang: ``sglang.launch_server``; webrl: the project's own HF server (``webrl_core.agent.serve_hf``)."""
 
 
 class ServingConfig(Section):
     """How ``policy.backend: openai`` gets its endpoint: a server the rollout and evaluation stages start for the
-    actor they need and stop afterwards (``webrl_core.serving``), or one managed by the user (``external``)."""
+    actor they need and stop afterwards (``webrl_core.agent.serving``), or one managed by the user (``external``)."""
 
     engine: Literal["webrl", "vllm", "sglang", "external"] = Field(
         "webrl", description="webrl: the project's HF server (CPU default); vllm / sglang: that engine, started "
@@ -313,7 +313,7 @@ class CriticConfig(Section):
 
 
 class TransitionsConfig(Section):
-    """How stored episodes become step samples (``webrl_core.transitions``), for the phase's own episodes and for
+    """How stored episodes become step samples (``webrl_core.learn.transitions``), for the phase's own episodes and for
     the replayed ones alike."""
 
     gamma: float = Field(0.9, ge=0, le=1, description="discount of the Monte-Carlo return mc_return of every step "
@@ -407,7 +407,7 @@ class BootstrapConfig(Section):
     sft_entity_swap: float = Field(
         0.0, ge=0.0, le=1.0, description="embedded sites: share of SFT pairs whose entity names (products, places, "
         "users, ...) are replaced by random names of the same kind, in the intent, page and action alike, drawn "
-        "anew each epoch (webrl_core/entity_swap.py): the typed name can then only be copied from the intent, not "
+        "anew each epoch (webrl_core/learn/entity_swap.py): the typed name can then only be copied from the intent, not "
         "memorised")
     n_shards: int = Field(2, ge=1, description="rollout shards mapped as separate Prefect tasks")
 
@@ -451,7 +451,7 @@ def accelerate_config_path(name: str) -> Path:
 
 
 class TrainingConfig(Section):
-    """How the training stages run: in the flow's process, or as `accelerate launch` jobs (webrl_core.launch)."""
+    """How the training stages run: in the flow's process, or as `accelerate launch` jobs (webrl_core.scale.launch)."""
 
     launcher: Literal["inprocess", "accelerate"] = Field(
         "inprocess", description="inprocess: train in the flow's process; accelerate: run each training stage "
@@ -475,11 +475,11 @@ class TrainingConfig(Section):
 
 
 class RolloutConfig(Section):
-    """Where rollouts run: in the stage's process, or as shards on a Ray cluster (``webrl_core.ray_rollout``)."""
+    """Where rollouts run: in the stage's process, or as shards on a Ray cluster (``webrl_core.scale.ray_rollout``)."""
 
     engine: Literal["local", "ray"] = Field(
         "local", description="local: the stage's process runs every episode; ray: shards of episodes run as Ray "
-        "tasks across a Ray cluster (webrl_core.ray_rollout)")
+        "tasks across a Ray cluster (webrl_core.scale.ray_rollout)")
     ray_address: str | None = Field(
         None, description="Ray cluster to join (host:port of the head's GCS, 'auto' for the cluster `ray start` "
         "made on this machine, or ray://host:10001); null: the RAY_ADDRESS env var, else a local cluster is "

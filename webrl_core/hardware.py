@@ -6,7 +6,7 @@
   PyTorch emulates bf16 and runs it far slower than float32 (measured on an AVX2-only EPYC: 102 GFLOP/s float32,
   about 1 GFLOP/s bf16).
 
-Training always keeps float32 master weights under bf16 autocast (``webrl_core.models``); inference loads in the
+Training always keeps float32 master weights under bf16 autocast (``webrl_core.learn.models``); inference loads in the
 chosen dtype.
 """
 

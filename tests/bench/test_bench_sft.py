@@ -5,7 +5,7 @@ import json
 from typer.testing import CliRunner
 
 from webrl_cli.main import app
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 
 def test_bench_sft_measures_on_validation_tasks_unlike_the_demos(tmp_path):
@@ -28,7 +28,7 @@ def test_bench_sft_with_the_copy_levers(tmp_path):
     """Entity names as whole tokens, tied embeddings, entity-swapped SFT passes and the restated intent run through
     the real bootstrap stages: the tokenizer holds the names, each epoch is its own pass, the rollouts' prompts
     repeat the intent before the action."""
-    from webrl_core.models import load_tokenizer
+    from webrl_core.learn.models import load_tokenizer
     from webrl_core.sites.data import entity_names
 
     out = tmp_path / "sft.json"

@@ -12,7 +12,7 @@ from webrl_core.env.browser import browser_main_pids
 from webrl_core.env.miniwob import MiniWoBHooks, MiniWoBOracle, miniwob_tasks
 from webrl_core import identity
 from webrl_core.env.rollout import plan_episode_ids, rollout
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 from test_episode import ERROR_KEYS, SUCCESS_KEYS
 
 

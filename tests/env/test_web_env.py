@@ -301,7 +301,7 @@ def test_the_rollout_engine_passes_the_judge_and_stores_unscored_apart(pages_url
     from webrl_core.env.rollout import rollout
     from webrl_core.env.scripted import ScriptedPolicy, exit_
     from webrl_core.pipeline.evaluation import tally
-    from webrl_core.store import TrajectoryStore
+    from webrl_core.runs.store import TrajectoryStore
 
     url, handler = judge_server
     answers = {"fuzzy-ok": "It is 4.2 km, about 17 min", "fuzzy-bad": "It is 5 km",

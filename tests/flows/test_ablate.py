@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from webrl_core import ablation
+from webrl_core.experiments import ablation
 from webrl_core.artifacts import ArtifactRef
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 WEBRL = str(Path(sys.executable).parent / "webrl")

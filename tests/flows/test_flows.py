@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 WEBRL = str(Path(sys.executable).parent / "webrl")

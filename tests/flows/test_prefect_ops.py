@@ -1,7 +1,7 @@
 """Prefect operations on a real server: a worker on "another machine" (a second clone of the repo with its own worker,
 pointed at the server by PREFECT_API_URL; both on 127.0.0.1 here), the nightly `webrl-phase/default` schedule
 activated through the API, and a phase triggered while the same phase of the run dir is running (refused by the run-dir
-lock, webrl_core/runlock.py, never run twice).
+lock, webrl_core/runs/runlock.py, never run twice).
 
 One server for the module (infra/prefect.yaml deployed from this checkout, no worker of its own); the worker runs from
 `git clone` of this repository, so it runs the committed code.
@@ -199,11 +199,11 @@ def test_a_flow_started_on_a_busy_run_dir_is_refused_and_the_first_completes(ser
     """While the bootstrap of a run dir runs: the same bootstrap again (CLI) and phase 1 (CLI, and a run of the
     scheduled deployment on the other machine's worker) are refused at once with a message naming the holder; the
     first completes and ran once. (The bootstrap, not a phase k >= 1, is the long first flow: it needs no earlier
-    phase, so this costs one tiny bootstrap; tests/test_runlock.py checks the "phase k ... twice" message.)
+    phase, so this costs one tiny bootstrap; tests/runs/test_runlock.py checks the "phase k ... twice" message.)
 
-    Needs flows/webrl.py to hold webrl_core.runlock around each flow, committed (the other worker runs a clone)."""
-    from webrl_core import runlock
-    from webrl_core.store import TrajectoryStore
+    Needs flows/webrl.py to hold webrl_core.runs.runlock around each flow, committed (the other worker runs a clone)."""
+    from webrl_core.runs import runlock
+    from webrl_core.runs.store import TrajectoryStore
 
     root, stack = server
     clone, home, worker = gpu_box

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from test_flows import _webrl  # tests/flows is on sys.path (pytest rootless test dirs)
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -49,7 +49,7 @@ def test_one_phase_with_the_pretrained_model(tmp_path):
     base = json.loads((smol / "config.json").read_text())
     assert sft["num_hidden_layers"] == base["num_hidden_layers"] == 30 and sft["vocab_size"] == 49152
     assert not (run / "models" / "tokenizer").exists()  # no tokenizer of our own: the model's
-    from webrl_core.models import load_tokenizer
+    from webrl_core.learn.models import load_tokenizer
 
     assert load_tokenizer(run / "models" / "phase=0" / "orm").encode("YES", add_special_tokens=False) == [73, 2097]
     store = TrajectoryStore(run)

@@ -19,7 +19,7 @@ import pytest
 from safetensors.torch import load_file
 
 from webrl_core.artifacts import ArtifactRef
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 WEBRL = str(Path(sys.executable).parent / "webrl")
@@ -61,7 +61,7 @@ def served_sites(tmp_path):
 
 
 def _engines() -> list[str]:
-    return subprocess.run(["pgrep", "-f", "webrl_core.serve_hf"], capture_output=True, text=True).stdout.split()
+    return subprocess.run(["pgrep", "-f", "webrl_core.agent.serve_hf"], capture_output=True, text=True).stdout.split()
 
 
 def test_webarena_local_closes_the_phase_loop(tmp_path, served_sites):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from webrl_core.advantage import (binarise, cap_beta, official_advantage, official_advantage_raw, official_beta,
+from webrl_core.learn.advantage import (binarise, cap_beta, official_advantage, official_advantage_raw, official_beta,
                                   paper_advantage, reference_prob)
 
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, load_config
-from webrl_core.critic import Critic, critic_examples, critic_loss
-from webrl_core.models import build_embedded_model, left_pad, train_embedded_tokenizer
+from webrl_core.learn.critic import Critic, critic_examples, critic_loss
+from webrl_core.learn.models import build_embedded_model, left_pad, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
-from webrl_core.training import train_critic
-from webrl_core.transitions import build_transitions
+from webrl_core.learn.training import train_critic
+from webrl_core.learn.transitions import build_transitions
 
 
 def _texts():

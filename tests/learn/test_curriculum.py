@@ -5,7 +5,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from webrl_core.curriculum import (ChatGenerator, EmbeddedGenerator, backtick_tasks, dedupe, filter_by_value,
+from webrl_core.learn.curriculum import (ChatGenerator, EmbeddedGenerator, backtick_tasks, dedupe, filter_by_value,
                                    normalise_intent, top_up)
 from webrl_core.sites import vary_task
 from webrl_core.sites.tasks import train_tasks

@@ -9,13 +9,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from webrl_core import launch, models, training
+from webrl_core.learn import models, training
+from webrl_core.scale import launch
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, TrainingConfig, load_config
-from webrl_core.critic import Critic
-from webrl_core.models import (build_embedded_model, load_causal_lm, load_tokenizer, save_model,
+from webrl_core.learn.critic import Critic
+from webrl_core.learn.models import (build_embedded_model, load_causal_lm, load_tokenizer, save_model,
                                train_embedded_tokenizer, trainer_precision_args)
 from webrl_core.prompts import build_prompt
-from webrl_core.transitions import build_transitions
+from webrl_core.learn.transitions import build_transitions
 
 INPROCESS = TrainingConfig(launcher="inprocess")
 STEPS = 5

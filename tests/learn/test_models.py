@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from webrl_core.config import EmbeddedModelConfig, LoraConfig, ModelsConfig
-from webrl_core.models import (apply_lora, backbone_and_hidden_size, build_embedded_model, count_parameters,
+from webrl_core.learn.models import (apply_lora, backbone_and_hidden_size, build_embedded_model, count_parameters,
                                encode_prompt_action, load_causal_lm, load_tokenizer, save_model, stop_token_id,
                                train_embedded_tokenizer)
 from webrl_core.prompts import ASSISTANT_HEADER, BOS, EOT, SPECIAL_TOKENS, build_prompt
@@ -185,7 +185,7 @@ def test_smollm2_tokenizer_alignment_bos_stop_and_cut():
     """SmolLM2's tokenizer: <|eot_id|> is plain text, BOS (<|im_start|>) is not added to a text, the stop token is
     its EOS; a long prompt loses the end of its HTML, never the assistant header, and the action mask still
     covers exactly the action + stop."""
-    from webrl_core.models import adds_bos, encode_prompt, encode_prompt_action, eot_token_id, stop_token_id
+    from webrl_core.learn.models import adds_bos, encode_prompt, encode_prompt_action, eot_token_id, stop_token_id
     from webrl_core.pretrained import setup_model
     from webrl_core.prompts import build_prompt
 

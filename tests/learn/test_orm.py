@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, OrmConfig
-from webrl_core.models import build_embedded_model, load_tokenizer, train_embedded_tokenizer
-from webrl_core.orm import (OrmScorer, answer_sequences, answer_token_ids, evaluate_orm, official_orm_p_yes, orm_decision,
+from webrl_core.learn.models import build_embedded_model, load_tokenizer, train_embedded_tokenizer
+from webrl_core.learn.orm import (OrmScorer, answer_sequences, answer_token_ids, evaluate_orm, official_orm_p_yes, orm_decision,
                             orm_examples_from_episodes, orm_prompt_for_episode, split_examples, train_orm)
 from webrl_core.prompts import build_orm_prompt
 
@@ -147,7 +147,7 @@ def test_scores_answers_the_tokenizer_splits(splitting_model_dir):
             logp = torch.log_softmax(scorer.model(input_ids=ids).logits.float()[0], dim=-1)
         return sum(logp[len(prompt_ids) - 1 + j, t].item() for j, t in enumerate(answer))
 
-    from webrl_core.models import encode_prompt
+    from webrl_core.learn.models import encode_prompt
 
     reference = []
     for p in prompts:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig
-from webrl_core.models import build_embedded_model, load_causal_lm, train_embedded_tokenizer
-from webrl_core.sft_trainer import selected_token_nll
+from webrl_core.learn.models import build_embedded_model, load_causal_lm, train_embedded_tokenizer
+from webrl_core.learn.sft_trainer import selected_token_nll
 
 
 def test_selected_loss_equals_full_logits_loss(tmp_path):

@@ -7,13 +7,13 @@ import torch
 from transformers import TrainingArguments
 
 from webrl_core.config import ActorTrainConfig, EmbeddedModelConfig, load_config
-from webrl_core.critic import Critic
-from webrl_core.models import (build_embedded_model, encode_prompt_action, left_pad, load_causal_lm, load_tokenizer,
+from webrl_core.learn.critic import Critic
+from webrl_core.learn.models import (build_embedded_model, encode_prompt_action, left_pad, load_causal_lm, load_tokenizer,
                                train_embedded_tokenizer)
 from webrl_core.prompts import build_prompt
-from webrl_core.training import (WebRLConfig, action_logprobs, actor_micro_batches, encode_samples, sequence_logprobs,
+from webrl_core.learn.training import (WebRLConfig, action_logprobs, actor_micro_batches, encode_samples, sequence_logprobs,
                                  sft_train, train_actor, webrl_actor_loss)
-from webrl_core.transitions import build_transitions
+from webrl_core.learn.transitions import build_transitions
 
 T = torch.tensor
 

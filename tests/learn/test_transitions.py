@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from webrl_core.prompts import HTML_PLACEHOLDER, build_prompt
-from webrl_core.transitions import (OFFICIAL_STEP_KEYS, build_transitions, episode_reward, export_official,
+from webrl_core.learn.transitions import (OFFICIAL_STEP_KEYS, build_transitions, episode_reward, export_official,
                                     import_vab_traces, mc_returns)
 
 

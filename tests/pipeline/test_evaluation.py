@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from webrl_core import report
+from webrl_core.runs import report
 from webrl_core.artifacts import write_json
 from webrl_core.config import load_config
 from webrl_core.env.episode import Episode
 from webrl_core.env.evaluators import evaluate_task, judge_from_settings
 from webrl_core.pipeline import evaluation, experience
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 NA_NOTE = "the store has no refund policy page"
 TASKS = [  # (task id, site, eval spec, the agent's answer)

@@ -7,10 +7,10 @@ import pytest
 
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import load_config
-from webrl_core.models import build_embedded_model, train_embedded_tokenizer
-from webrl_core.orm import OrmScorer, orm_prompt_for_episode
+from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.orm import OrmScorer, orm_prompt_for_episode
 from webrl_core.pipeline.experience import orm_label
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 SOLVED = {"e0": 1.0, "e1": 0.0, "e2": 1.0, "e3": 0.0, "e4": 0.0}
 

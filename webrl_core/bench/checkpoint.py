@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from webrl_core.artifacts import MANIFEST, sha256_path
-from webrl_core.rundir import model_ref
+from webrl_core.runs.rundir import model_ref
 
 _SHARD = 256 << 20
 

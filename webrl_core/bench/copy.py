@@ -47,10 +47,10 @@ def export(settings, run_dir: str | Path, demos: int, val_tasks: int, out: str |
     the portable folder ``out`` (module docstring)."""
     from webrl_core.artifacts import read_json
     from webrl_core.bench.sft import validation_tasks
-    from webrl_core.models import load_tokenizer
+    from webrl_core.learn.models import load_tokenizer
     from webrl_core.pipeline import bootstrap, experience, task_sets
     from webrl_core.sites.data import entity_kinds
-    from webrl_core.store import TrajectoryStore
+    from webrl_core.runs.store import TrajectoryStore
     from webrl_core.websites import is_success
 
     run_dir, out = str(run_dir), Path(out)
@@ -119,9 +119,9 @@ def run(folder: str | Path, sizes: list[dict[str, int]] | None = None, sets: lis
 def train_and_check(settings, folder: Path, pairs: list[tuple[str, str]], val: list[dict],
                     kinds: dict[str, str]) -> dict:
     """Build the embedded model of ``settings.models.embedded``, SFT it like ``bootstrap.sft_actor``, check it."""
-    from webrl_core.entity_swap import swapped_sft_passes
-    from webrl_core.models import build_embedded_model
-    from webrl_core.training import sft_train
+    from webrl_core.learn.entity_swap import swapped_sft_passes
+    from webrl_core.learn.models import build_embedded_model
+    from webrl_core.learn.training import sft_train
 
     emb, boot = settings.models.embedded, settings.bootstrap
     work = Path(tempfile.mkdtemp(prefix="bench-copy-"))
@@ -144,8 +144,8 @@ def copy_check(model_dir: str | Path, settings, val: list[dict], kinds: dict[str
     entity name -> kind (``sites.data.entity_kinds``)."""
     import torch
 
-    from webrl_core.models import encode_prompt
-    from webrl_core.policy import HFPolicy
+    from webrl_core.learn.models import encode_prompt
+    from webrl_core.agent.policy import HFPolicy
 
     policy = HFPolicy(model_dir, cfg=settings.policy, models_cfg=settings.models, temperature=0.0)
     responses = policy.generate([r["prompt"] for r in val], temperature=0.0)

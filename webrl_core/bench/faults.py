@@ -44,7 +44,7 @@ Method (every run drives the ``webrl`` command line as a subprocess with its own
      solved count. Rollouts sample at ``policy.temperature`` from torch's global RNG, shared by the
      concurrent shards and by batches whose make-up depends on timing, so two clean runs already differ
      there; then every downstream artifact is compared with a recomputation from the run's own stored
-     episodes instead (``webrl_core.reproduce``: transitions -> replay -> critic -> actor, same tolerance;
+     episodes instead (``webrl_core.experiments.reproduce``: transitions -> replay -> critic -> actor, same tolerance;
      the ORM's P(YES) re-scored, 1e-6; the evaluation's counts recomputed from its stored episodes).
      With ``--set policy.temperature=0`` the rollouts are greedy and were measured identical across runs
      (kill and resume included), and then every artifact is compared with the clean run's.
@@ -74,8 +74,8 @@ import webrl_core.pipeline.generation  # noqa: F401
 import webrl_core.pipeline.task_sets  # noqa: F401
 import webrl_core.pipeline.updates  # noqa: F401
 from webrl_core.pipeline.stage import STAGES
-from webrl_core.rollout_policy import rollout_identity
-from webrl_core.rundir import model_ref
+from webrl_core.agent.rollout_policy import rollout_identity
+from webrl_core.runs.rundir import model_ref
 
 PHASE = 1
 PROBE_ENV, HOLD_ENV = "WEBRL_FAULT_PROBES", "WEBRL_FAULT_HOLD"
@@ -153,15 +153,6 @@ def install_probes(folder: str | Path, hold: str | None = None) -> None:
     for name in PROBED:
         module = sys.modules[STAGES[name].__module__]
         setattr(module, name, wrap(name, getattr(module, name)))
-
-
-def probed_main() -> None:
-    """`webrl` with probes (``WEBRL_FAULT_PROBES`` names the folder, ``WEBRL_FAULT_HOLD`` the held probe)."""
-    if os.environ.get(PROBE_ENV):
-        install_probes(os.environ[PROBE_ENV], os.environ.get(HOLD_ENV) or None)
-    from webrl_cli.main import app  # noqa: the launcher of the command line, not a library dependency
-
-    app(prog_name="webrl")
 
 
 def _times(folder: Path, probe: str, event: str) -> list[float]:
@@ -268,7 +259,7 @@ def _env(root: Path, probes: Path | None = None, hold: str | None = None) -> dic
 
 def webrl_command(probed: bool = False) -> list[str]:
     if probed:
-        return [sys.executable, "-c", "from webrl_core.bench.faults import probed_main; probed_main()"]
+        return [sys.executable, "-c", "from webrl_cli.probed import main; main()"]
     exe = Path(sys.executable).parent / "webrl"
     if exe.exists():
         return [str(exe)]
@@ -636,7 +627,7 @@ def collect(run: str | Path) -> dict:
     from webrl_core.artifacts import ArtifactRef, read_json, sha256_path
     from webrl_core.config import load_config
     from webrl_core.env.rollout import plan_episode_ids
-    from webrl_core.store import TrajectoryStore
+    from webrl_core.runs.store import TrajectoryStore
 
     run = Path(run)
     s = load_config(run / "config.yaml")
@@ -761,7 +752,7 @@ def check(f: dict, c: dict, at_kill: dict, run: Path, weight_tol: float = 0.0) -
 
 
 def _artifacts(f: dict, c: dict, run: Path, weight_tol: float) -> dict:
-    from webrl_core.reproduce import max_weight_diff
+    from webrl_core.experiments.reproduce import max_weight_diff
 
     why = []
     if f["rollout_trajectories"] == c["rollout_trajectories"]:
@@ -789,9 +780,9 @@ def _artifacts(f: dict, c: dict, run: Path, weight_tol: float) -> dict:
 def _recompute(run: Path, f: dict) -> dict:
     """Recompute the phase's data-dependent outputs from the run's own stored episodes and compare."""
     from webrl_core.config import load_config
-    from webrl_core.orm import OrmScorer, orm_prompt_for_episode
-    from webrl_core.reproduce import reproduce_phase
-    from webrl_core.store import TrajectoryStore
+    from webrl_core.learn.orm import OrmScorer, orm_prompt_for_episode
+    from webrl_core.experiments.reproduce import reproduce_phase
+    from webrl_core.runs.store import TrajectoryStore
 
     why: list[str] = []
     rep = reproduce_phase(run, PHASE)

@@ -3,7 +3,7 @@ checkpointing setting, computed from a transformers config -- not measured on a 
 
 Parameters are COUNTED on a ``torch.device("meta")`` instance of the config (no memory, no download): the causal
 LM, its LM head, the critic's backbone (the decoder without the head) plus the two value heads of
-``webrl_core.critic.value_head``, and the LoRA parameters of peft's ``all-linear`` target (every ``nn.Linear`` of
+``webrl_core.learn.critic.value_head``, and the LoRA parameters of peft's ``all-linear`` target (every ``nn.Linear`` of
 the decoder, not the output layer): r * (in + out) each. Bytes per parameter::
 
     full fine-tune, float32          4 weights + 4 grads + 8 AdamW (exp_avg, exp_avg_sq)            = 16
@@ -85,7 +85,7 @@ def count_params(config, lora_r: int = 16) -> ParamCounts:
     """Parameter counts of a causal-LM config, from a meta-device instance (no memory allocated)."""
     from transformers import AutoModelForCausalLM
 
-    from webrl_core.critic import value_head, hidden_size_of
+    from webrl_core.learn.critic import value_head, hidden_size_of
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)

@@ -145,7 +145,7 @@ def _engine_tasks(n: int, seed: int, data_seed: int) -> list[dict]:
 
 def _bench_actor(settings, root) -> "ArtifactRef":  # noqa: F821 -- the config's embedded model, random init
     from webrl_core.artifacts import ArtifactRef
-    from webrl_core.models import build_embedded_model, train_embedded_tokenizer
+    from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
     from webrl_core.prompts import build_prompt
 
     emb = settings.models.embedded
@@ -157,9 +157,9 @@ def _bench_actor(settings, root) -> "ArtifactRef":  # noqa: F821 -- the config's
 
 def _local_phase(settings, run_dir, tasks, purpose, actor_ref, temperature, ident) -> None:
     """A phase's rollout as ``pipeline.experience.rollout`` runs it with ``rollout.engine: local``."""
-    from webrl_core.rollout_policy import make_policy
+    from webrl_core.agent.rollout_policy import make_policy
     from webrl_core.sites.session import site_session
-    from webrl_core.store import TrajectoryStore
+    from webrl_core.runs.store import TrajectoryStore
 
     policy = make_policy(settings, actor_ref, temperature, purpose)
     with site_session(settings) as hooks:
@@ -169,7 +169,7 @@ def _local_phase(settings, run_dir, tasks, purpose, actor_ref, temperature, iden
 
 
 def _steps(run_dir) -> tuple[int, int, int]:
-    from webrl_core.store import TrajectoryStore
+    from webrl_core.runs.store import TrajectoryStore
 
     eps = TrajectoryStore(run_dir).sql("SELECT n_steps, status FROM episodes")
     return len(eps), sum(int(e["n_steps"] or 0) for e in eps), sum(e["status"] == "error" for e in eps)
@@ -189,8 +189,8 @@ def bench_engines(settings, nodes_list: list[int] = (1, 2), policies: list[str] 
     1-CPU Ray shard gets). ``vs_local`` = steps/s over the faster local row of the same policy."""
     import ray
 
-    from webrl_core.ray_rollout import LocalRayCluster, RolloutConfig, run_on_ray
-    from webrl_core.rollout_policy import rollout_identity
+    from webrl_core.scale.ray_rollout import LocalRayCluster, RolloutConfig, run_on_ray
+    from webrl_core.agent.rollout_policy import rollout_identity
 
     root = Path(tempfile.mkdtemp(prefix="webrl-bench-engines-"))
     rows: list[dict] = []

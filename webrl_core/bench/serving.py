@@ -1,5 +1,5 @@
 """`webrl bench serving`: the serving stage's engines on one checkpoint, started exactly as a rollout starts them
-(``webrl_core.serving.served_actor``): startup seconds, then generated tokens per second for a fixed set of
+(``webrl_core.agent.serving.served_actor``): startup seconds, then generated tokens per second for a fixed set of
 prompts sent ``concurrency`` at a time through the OpenAI ``/completions`` API (greedy, ``max_tokens`` each)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from webrl_core.artifacts import ArtifactRef
-from webrl_core.serving import served_actor
+from webrl_core.agent.serving import served_actor
 
 
 async def _drive(base_url: str, model_name: str, prompts: list[str], max_tokens: int, concurrency: int) -> dict:

@@ -23,7 +23,7 @@ from webrl_core.artifacts import ArtifactRef, read_json, write_json
 from webrl_core.env.webarena import to_task_row
 from webrl_core.pipeline import bootstrap, experience, task_sets
 from webrl_core.sites.tasks import train_tasks
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 VAL_SEED_OFFSET = 7  # the demonstrations use the bootstrap's offset 1; a different stream, intents filtered too
 ARGUMENT = re.compile(r'argument\s*=\s*"([^"]*)"')

@@ -19,7 +19,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from webrl_core.prompts import build_prompt
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 from webrl_core.websites import SITES
 
 _WORDS = ("red blue green compact wireless organic leather steel vintage smart classic portable deluxe mini "

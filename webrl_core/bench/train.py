@@ -35,15 +35,15 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
-from webrl_core.advantage import cap_beta, official_advantage, official_beta, reference_prob
+from webrl_core.learn.advantage import cap_beta, official_advantage, official_beta, reference_prob
 from webrl_core.bench.score import _page, _response
 from webrl_core.config import EmbeddedModelConfig, load_config
-from webrl_core.critic import Critic
-from webrl_core.models import (build_embedded_model, encode_prompt, encode_prompt_action, load_causal_lm,
+from webrl_core.learn.critic import Critic
+from webrl_core.learn.models import (build_embedded_model, encode_prompt, encode_prompt_action, load_causal_lm,
                                load_tokenizer, n_params, train_embedded_tokenizer)
 from webrl_core.prompts import build_prompt
-from webrl_core.training import actor_micro_batches, train_actor
-from webrl_core.transitions import build_transitions
+from webrl_core.learn.training import actor_micro_batches, train_actor
+from webrl_core.learn.transitions import build_transitions
 
 
 def matmul_peak_flops(n: int = 2048, reps: int = 5, rounds: int = 3) -> float:

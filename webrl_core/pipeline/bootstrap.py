@@ -10,19 +10,19 @@ import json
 import random
 from pathlib import Path
 
-from webrl_core import launch
+from webrl_core.scale import launch
 from webrl_core.artifacts import ArtifactRef
-from webrl_core.critic import Critic
-from webrl_core.entity_swap import swapped_sft_passes
-from webrl_core.models import build_embedded_model, train_embedded_tokenizer
-from webrl_core.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
+from webrl_core.learn.critic import Critic
+from webrl_core.learn.entity_swap import swapped_sft_passes
+from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
 from webrl_core.pipeline.experience import numeric
 from webrl_core.pipeline.stage import stage
 from webrl_core.prompts import build_orm_prompt
-from webrl_core.sft_data import demonstration_episodes, read_demonstrations
+from webrl_core.learn.sft_data import demonstration_episodes, read_demonstrations
 from webrl_core.sites.data import entity_kinds, entity_names
-from webrl_core.rundir import output_key, publish, versioned
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.rundir import output_key, publish, versioned
+from webrl_core.runs.store import TrajectoryStore
 from webrl_core.websites import is_success
 
 
@@ -88,7 +88,7 @@ def adopt_actor(run_dir: str, actor_ref: ArtifactRef) -> ArtifactRef:
 @stage("run", "models", "bootstrap", "actor", "training", "prompt")
 def sft_from_data(settings, run_dir: str, base_ref: ArtifactRef, data_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
     """Phase 0 of a real model: fine-tune the base ``models.actor`` on the demonstrations ``bootstrap.sft_data``
-    (the official ShareGPT SFT file or VAB traces, ``webrl_core.sft_data``), completion-only loss. The
+    (the official ShareGPT SFT file or VAB traces, ``webrl_core.learn.sft_data``), completion-only loss. The
     demonstrations also enter the store as phase-0 experience: the first phases replay them, as the official code
     replays the SFT data."""
     pairs = read_demonstrations(data_ref.path, settings.prompt.compat)

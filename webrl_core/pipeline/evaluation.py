@@ -15,8 +15,8 @@ from webrl_core.env.episode import outcome
 from webrl_core.env.evaluators import describe_judge, needs_judge
 from webrl_core.pipeline import experience
 from webrl_core.pipeline.stage import stage
-from webrl_core.rundir import output_key, write_json_version
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.rundir import output_key, write_json_version
+from webrl_core.runs.store import TrajectoryStore
 
 _COUNTS = ("n", "success", "failed", "unscored", "errors")
 _KEY = {"success": "success", "failed": "failed", "unscored": "unscored", "error": "errors"}

@@ -14,19 +14,19 @@ import random
 
 from webrl_core import identity
 from webrl_core.artifacts import ArtifactRef, read_json
-from webrl_core.critic import Critic
-from webrl_core.curriculum import ChatGenerator, EmbeddedGenerator, HFGenerator, dedupe, filter_by_value, top_up
+from webrl_core.learn.critic import Critic
+from webrl_core.learn.curriculum import ChatGenerator, EmbeddedGenerator, HFGenerator, dedupe, filter_by_value, top_up
 from webrl_core.env.browser import BrowserPool
 from webrl_core.env.web_env import WebEnv
-from webrl_core.orm import OrmScorer
+from webrl_core.learn.orm import OrmScorer
 from webrl_core.pipeline.stage import stage
 from webrl_core.pipeline.task_sets import count_sites
 from webrl_core.prompts import build_orm_prompt, round0_prompt
-from webrl_core.rollout_policy import phase_policy_digest
-from webrl_core.rundir import labelled_state, output_key, phase_dir, write_json_version
+from webrl_core.agent.rollout_policy import phase_policy_digest
+from webrl_core.runs.rundir import labelled_state, output_key, phase_dir, write_json_version
 from webrl_core.sites.session import site_session
 from webrl_core.sites.tasks import vary_task
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 SEED_TASKS_SQL = """SELECT DISTINCT e.site, e.task_id, e.intent, t.config_json FROM episodes e
                     JOIN tasks t USING (task_id) WHERE e.phase = $p AND e.purpose = $pur AND e.policy_digest = $pd

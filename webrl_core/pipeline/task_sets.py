@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from webrl_core import validate
+from webrl_core.pipeline import validate
 from webrl_core.artifacts import ArtifactRef, read_json, write_json
 from webrl_core.env.webarena import load_webarena_tasks, to_task_row
 from webrl_core.pipeline.stage import stage
-from webrl_core.rundir import phase_dir, write_json_version
+from webrl_core.runs.rundir import phase_dir, write_json_version
 from webrl_core.sites.tasks import test_set, train_tasks
-from webrl_core.store import TrajectoryStore
+from webrl_core.runs.store import TrajectoryStore
 
 
 def stratified(tasks: list[dict], n: int | None) -> list[dict]:

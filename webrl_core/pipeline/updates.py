@@ -1,18 +1,18 @@
 """The phase's model updates, in the paper's order (Algorithm 1): the critic first (on the phase's transitions
 and the replay set), then the actor with the KL-constrained objective (paper Eq. 4-5) against the phase-start
-actor as reference, its advantages from the new critic. Training itself is ``webrl_core.training`` (in-process)
-or an accelerate job (``webrl_core.launch``, section ``training``)."""
+actor as reference, its advantages from the new critic. Training itself is ``webrl_core.learn.training`` (in-process)
+or an accelerate job (``webrl_core.scale.launch``, section ``training``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Callable
 
-from webrl_core import launch
+from webrl_core.scale import launch
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.pipeline.experience import numeric
 from webrl_core.pipeline.stage import stage
-from webrl_core.rundir import output_key, publish, read_jsonl, versioned
+from webrl_core.runs.rundir import output_key, publish, read_jsonl, versioned
 
 
 class NoTrainingData(RuntimeError):

@@ -1,0 +1,185 @@
+"""HFPolicy batched generation and OpenAIPolicy against a real local HTTP server serving the embedded model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+import uvicorn
+
+from webrl_core.agent_api import Policy
+from webrl_core.artifacts import sha256_path
+from webrl_core.config import EmbeddedModelConfig, ModelsConfig, PolicyConfig
+from webrl_core.learn.models import build_embedded_model, load_tokenizer, train_embedded_tokenizer
+from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, openai_app, served_model_digest
+from webrl_core.prompts import build_prompt
+
+ACTION = 'do(action="Click", element="3")'
+
+
+def prompts(n: int) -> list[str]:
+    return [build_prompt(f"Open item {i}", [ACTION] * (i % 3), f'<a id="3">item {i}</a>' * (1 + 7 * i))
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt_neox"])
+def model_dir(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    train_embedded_tokenizer(prompts(6), 350, root / "tok")
+    cfg = EmbeddedModelConfig(vocab_size=350, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                              max_length=256, arch=request.param)
+    return build_embedded_model(root / "tok", cfg, root / "model", seed=0)
+
+
+def test_hf_policy_batch_one_response_each_and_stops(model_dir):
+    pol = HFPolicy(model_dir, PolicyConfig(max_new_tokens=12, batch_size=3), ModelsConfig(max_length=256),
+                   temperature=0)
+    assert isinstance(pol, Policy)
+    ps = prompts(5) + ["x" * 3000]  # the last one is far longer than the model: cut at the observation
+    out = asyncio.run(pol.act(ps))
+    assert len(out) == len(ps) and all(isinstance(o, str) for o in out)
+    # greedy: batched == one at a time (left padding + position ids are right)
+    assert out[:3] == [pol.generate([p])[0] for p in ps[:3]]
+    # stop token: a forward hook on the LM head makes <|eot_id|> win every step -> every response is empty
+    eot = load_tokenizer(model_dir).convert_tokens_to_ids("<|eot_id|>")
+
+    def favour_eot(module, inputs, output):
+        output = output.clone()
+        output[..., eot] += 1e4
+        return output
+
+    handle = pol.model.get_output_embeddings().register_forward_hook(favour_eot)
+    try:
+        assert pol.generate(ps[:2], temperature=0) == ["", ""]
+        assert pol.generate(ps[:2], temperature=1.0) == ["", ""]
+    finally:
+        handle.remove()
+    assert pol.generate(ps[:1]) == out[:1]
+
+
+def test_hf_policy_sampling_varies(model_dir):
+    pol = HFPolicy(model_dir, PolicyConfig(max_new_tokens=16, batch_size=4, top_p=1.0), ModelsConfig(max_length=256),
+                   temperature=1.0)
+    torch.manual_seed(0)
+    outs = {pol.generate([prompts(1)[0]])[0] for _ in range(4)}
+    assert len(outs) > 1  # random tiny model at T=1 samples different strings
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_openai_policy_against_real_server(model_dir):
+    hf = HFPolicy(model_dir, PolicyConfig(max_new_tokens=10, batch_size=8), ModelsConfig(max_length=256),
+                  temperature=0)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(openai_app(hf, model_name="tiny"), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            time.sleep(0.05)
+        assert server.started
+        client = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "tiny", PolicyConfig(max_new_tokens=10, concurrency=4),
+                              temperature=0)
+        ps = prompts(6)
+        got = asyncio.run(client.act(ps))
+        assert got == hf.generate(ps)  # same greedy text over real HTTP
+        chat = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "tiny", PolicyConfig(max_new_tokens=10), temperature=0,
+                            style="chat")
+        assert asyncio.run(chat.act(ps[:1])) == hf.generate(ps[:1])  # no chat template: last user turn is the prompt
+        bad = OpenAIPolicy(f"http://127.0.0.1:{port}/v1/nope", "tiny", PolicyConfig(), retries=1)
+        with pytest.raises(RuntimeError, match="failed"):
+            asyncio.run(bad.act(ps[:1]))
+        # GET /models: the server's extra card field (the checkpoint's digest) is what the endpoint vouches for
+        assert served_model_digest(f"http://127.0.0.1:{port}/v1", "tiny") == sha256_path(model_dir)
+        with pytest.raises(RuntimeError, match=r"does not serve policy.model_name='other'; it serves \['tiny'\]"):
+            served_model_digest(f"http://127.0.0.1:{port}/v1", "other")
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+    with pytest.raises(ValueError, match="base_url"):
+        OpenAIPolicy("localhost", "tiny")
+
+
+class _Stub(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint that records requests and answers as ``mode`` says."""
+
+    mode = "ok"
+    requests: list = []
+
+    def log_message(self, *a):
+        pass
+
+    def _send(self, code: int, body: str, ctype: str = "application/json"):
+        b = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+
+    def do_GET(self):
+        self._send(200, json.dumps({"object": "list", "data": [{"id": "m", "object": "model", "root": "/w/m"}]}))
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+        if self.mode == "fail":
+            self._send(503, '{"error": {"message": "overloaded"}}')
+        elif self.mode == "garbage":
+            self._send(200, "<html>nginx default page</html>", "text/html")
+        else:
+            self._send(200, json.dumps({"id": "c", "object": "text_completion", "created": 0, "model": body["model"],
+                                        "choices": [{"index": 0, "text": "do()", "finish_reason": "stop"}]}))
+
+
+@pytest.fixture
+def stub():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    _Stub.mode, _Stub.requests = "ok", []
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+
+
+def test_openai_policy_requests_retries_and_errors(stub):
+    cfg = PolicyConfig(max_new_tokens=7, top_p=0.9)
+    assert asyncio.run(OpenAIPolicy(stub, "m", cfg, temperature=0, api_key="sk-1").act(["p"])) == ["do()"]
+    assert asyncio.run(OpenAIPolicy(stub, "m", cfg, temperature=0.5).act(["q"])) == ["do()"]
+    greedy, sampled = _Stub.requests
+    assert greedy["path"] == "/v1/completions" and greedy["auth"] == "Bearer sk-1"
+    assert greedy["body"] == {"model": "m", "prompt": "p", "max_tokens": 7, "temperature": 0, "stop": ["<|eot_id|>"]}
+    assert sampled["body"]["top_p"] == 0.9 and sampled["body"]["temperature"] == 0.5
+    # a failing endpoint: `retries` tries in all (the SDK retries 5xx), then an error naming the URL
+    _Stub.mode, _Stub.requests = "fail", []
+    with pytest.raises(RuntimeError, match=rf"request to {stub}/completions \(model 'm'\) failed: .*503"):
+        asyncio.run(OpenAIPolicy(stub, "m", cfg, retries=2).act(["p"]))
+    assert len(_Stub.requests) == 2
+    # not an OpenAI answer: no retry, the error shows what came back
+    _Stub.mode, _Stub.requests = "garbage", []
+    with pytest.raises(RuntimeError, match=rf"{stub}/chat/completions \(model 'm'\) answered "
+                                           r"'<html>nginx default page</html>', not a completion"):
+        asyncio.run(OpenAIPolicy(stub, "m", cfg, style="chat", retries=3).act(["p"]))
+    assert len(_Stub.requests) == 1
+    assert served_model_digest(stub, "m") == "/w/m"  # vLLM reports the weights' path as `root`
+
+
+def test_served_model_digest_names_the_url_of_a_dead_endpoint():
+    url = f"http://127.0.0.1:{_free_port()}/v1"
+    with pytest.raises(RuntimeError, match=rf"policy.base_url='{url}' did not answer GET {url}/models: "
+                                           r"APIConnectionError"):
+        served_model_digest(url, "m", timeout_s=2)
+    with pytest.raises(ValueError, match="policy.model_name is empty"):
+        served_model_digest(url, "")

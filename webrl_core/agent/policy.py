@@ -1,0 +1,293 @@
+"""Model policies behind the async batch ``Policy`` protocol (agent_api.py).
+
+- ``HFPolicy``: an in-process Hugging Face causal LM. Prompts are tokenised with ``models.encode_prompt`` (BOS +
+  prompt ids; a prompt longer than ``models.max_length - max_new_tokens`` loses the end of its observation, never
+  its closing assistant header), left-padded into micro-batches of ``policy.batch_size`` and decoded with
+  ``generate`` (KV cache; temperature/top-p sampling, greedy at temperature 0). Generation stops at ``<|eot_id|>``
+  or EOS; the response is the text before the stop token. The blocking ``generate`` runs in a worker thread, so the
+  event loop keeps serving the browsers while the model works.
+- ``OpenAIPolicy``: an OpenAI-compatible server (vLLM, SGLang, TGI) through the ``openai`` SDK with at most
+  ``concurrency`` requests in flight; ``/completions`` with the raw WebRL prompt (style "completion") or
+  ``/chat/completions`` with ``prompts.build_chat_messages`` built from the step contexts (style "chat"). Both stop
+  at ``<|eot_id|>``. Timeouts, connection errors, 429 and 5xx answers are retried by the SDK (``retries`` tries).
+- ``openai_app(policy)``: a tiny OpenAI-compatible Starlette app around an ``HFPolicy``, so the embedded model can be
+  served exactly like a vLLM endpoint (used by the tests and for local runs without vLLM).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import openai
+import torch
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from webrl_core.agent_api import StepContext
+from webrl_core.artifacts import sha256_path
+from webrl_core.config import ModelsConfig, PolicyConfig
+from webrl_core.learn.models import (encode_prompt, left_pad, load_causal_lm, load_tokenizer, resolve_device,
+                               stop_token_id)
+from webrl_core.prompts import STOP_TOKEN, build_chat_messages, check_compat
+
+
+class HFPolicy:
+    """Batched in-process generation with a Hugging Face causal LM."""
+
+    def __init__(self, model_path: str | os.PathLike, cfg: PolicyConfig | None = None,
+                 models_cfg: ModelsConfig | None = None, temperature: float | None = None,
+                 policy_id: str | None = None, style: str = "completion", compat: str = "webrl"):
+        self.cfg = cfg or PolicyConfig()
+        self.compat = check_compat(compat)
+        self.models_cfg = models_cfg or ModelsConfig()
+        self.model_path = str(model_path)
+        self.tok = load_tokenizer(model_path)
+        self.model = load_causal_lm(model_path, self.models_cfg, trainable=False)
+        self.device = resolve_device(self.models_cfg.device)
+        self.temperature = self.cfg.temperature if temperature is None else temperature
+        self.style = style
+        self.policy_id = policy_id or f"hf:{Path(model_path).name}@T{self.temperature:g}"
+        self.stop_ids = sorted({stop_token_id(self.tok)} | ({self.tok.eos_token_id} - {None}))
+        max_pos = getattr(self.model.config, "max_position_embeddings", None) or self.models_cfg.max_length
+        self.max_prompt_tokens = min(self.models_cfg.max_length, max_pos) - self.cfg.max_new_tokens
+        if self.max_prompt_tokens < 16:
+            raise ValueError(f"policy.max_new_tokens={self.cfg.max_new_tokens} leaves no room for the prompt "
+                             f"(model max length {min(self.models_cfg.max_length, max_pos)})")
+        self._lock = threading.Lock()  # one generate() at a time; concurrent act() calls queue here
+
+    @property
+    def policy_digest(self) -> str:
+        """Identity in episode keys: the checkpoint's content digest (from its manifest; see ``artifacts``)."""
+        return f"hf:{sha256_path(self.model_path)}"
+
+    def _prompt_text(self, prompt: str, ctx: StepContext | None) -> str:
+        if self.style != "chat":
+            return prompt
+        if ctx is not None:
+            msgs = build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.compat)
+        else:
+            msgs = [{"role": "user", "content": prompt}]
+        if not getattr(self.tok, "chat_template", None):
+            raise ValueError(f"prompt.style='chat' but the tokenizer of {self.model_path} has no chat template")
+        return self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], contexts: list[StepContext] | None = None,
+                 temperature: float | None = None, max_new_tokens: int | None = None) -> list[str]:
+        """Blocking batched generation: one response (text before the stop token) per prompt, in order."""
+        temp = self.temperature if temperature is None else temperature
+        new_tokens = max_new_tokens or self.cfg.max_new_tokens
+        texts = [self._prompt_text(p, contexts[i] if contexts else None) for i, p in enumerate(prompts)]
+        ids = [encode_prompt(self.tok, t, self.max_prompt_tokens) for t in texts]
+        # length-sorted micro-batches: less padding, identical results
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        out: list[str] = [""] * len(ids)
+        with self._lock:
+            for start in range(0, len(order), self.cfg.batch_size):
+                chunk = order[start:start + self.cfg.batch_size]
+                input_ids, mask = left_pad([ids[i] for i in chunk], self.tok.pad_token_id)
+                kwargs = dict(do_sample=temp > 0, max_new_tokens=new_tokens, eos_token_id=self.stop_ids,
+                              pad_token_id=self.tok.pad_token_id, use_cache=True)
+                if temp > 0:
+                    kwargs.update(temperature=temp, top_p=self.cfg.top_p, top_k=0)
+                else:
+                    kwargs.update(temperature=None, top_p=None, top_k=None)
+                gen = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                          **kwargs)
+                for row, i in enumerate(chunk):
+                    new = gen[row, input_ids.shape[1]:].tolist()
+                    cut = next((k for k, t in enumerate(new) if t in self.stop_ids), len(new))
+                    out[i] = self.tok.decode(new[:cut], skip_special_tokens=True)
+        return out
+
+    async def act(self, prompts: list[str], contexts: list[StepContext] | None = None) -> list[str]:
+        if not prompts:
+            return []
+        return await asyncio.to_thread(self.generate, prompts, contexts)
+
+
+class OpenAIPolicy:
+    """Concurrent requests to an OpenAI-compatible completions (or chat) endpoint."""
+
+    def __init__(self, base_url: str, model_name: str, cfg: PolicyConfig | None = None,
+                 temperature: float | None = None, style: str = "completion", api_key: str | None = None,
+                 policy_id: str | None = None, timeout_s: float = 120.0, retries: int = 3, compat: str = "webrl"):
+        self.compat = check_compat(compat)
+        if not base_url or "://" not in base_url:
+            raise ValueError(f"policy.base_url={base_url!r} is not a URL like http://127.0.0.1:8000/v1")
+        if not model_name:
+            raise ValueError("policy.model_name is empty; the endpoint needs a model name")
+        if style not in ("completion", "chat"):
+            raise ValueError(f"prompt.style={style!r}; allowed: 'completion', 'chat'")
+        self.cfg = cfg or PolicyConfig()
+        self.base_url = base_url.rstrip("/")
+        self.model_name = model_name
+        self.temperature = self.cfg.temperature if temperature is None else temperature
+        self.style = style
+        self.api_key = api_key if api_key is not None else os.environ.get(self.cfg.api_key_env, "EMPTY")
+        self.policy_id = policy_id or f"openai:{model_name}@T{self.temperature:g}"
+        self.timeout_s = timeout_s
+        self.retries = retries
+
+    def _request(self, prompt: str, ctx: StepContext | None) -> tuple[str, dict]:
+        body = {"model": self.model_name, "max_tokens": self.cfg.max_new_tokens, "temperature": self.temperature,
+                "stop": [STOP_TOKEN]}
+        if self.temperature > 0:
+            body["top_p"] = self.cfg.top_p
+        if self.style == "chat":
+            msgs = (build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.compat) if ctx
+                    else [{"role": "user", "content": prompt}])
+            return "/chat/completions", {**body, "messages": msgs}
+        return "/completions", {**body, "prompt": prompt}
+
+    def _client(self) -> openai.AsyncOpenAI:
+        """An SDK client for one ``act`` call (its connections belong to the calling event loop). ``retries`` counts
+        tries, the SDK's ``max_retries`` the ones after the first."""
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", timeout=self.timeout_s,
+                                  max_retries=max(self.retries - 1, 0))
+
+    async def _one(self, client: openai.AsyncOpenAI, sem: asyncio.Semaphore, prompt: str,
+                   ctx: StepContext | None) -> str:
+        path, body = self._request(prompt, ctx)
+        create = (client.chat.completions if self.style == "chat" else client.completions).with_raw_response.create
+        async with sem:
+            try:
+                raw = await create(**body)
+            except openai.APIError as e:
+                raise RuntimeError(f"OpenAI-compatible request to {self.base_url}{path} (model {self.model_name!r}) "
+                                   f"failed: {e}") from None
+        try:  # not retried: it will not improve
+            choice = raw.parse().choices[0]
+            return choice.message.content if self.style == "chat" else choice.text
+        except (ValueError, AttributeError, IndexError, TypeError) as e:
+            raise RuntimeError(f"{self.base_url}{path} (model {self.model_name!r}) answered {raw.text[:200]!r}, "
+                               f"not a completion ({type(e).__name__}: {e})") from None
+
+    async def act(self, prompts: list[str], contexts: list[StepContext] | None = None) -> list[str]:
+        if not prompts:
+            return []
+        sem = asyncio.Semaphore(self.cfg.concurrency)
+        async with self._client() as client:
+            return list(await asyncio.gather(*[self._one(client, sem, p, contexts[i] if contexts else None)
+                                               for i, p in enumerate(prompts)]))
+
+
+def served_model_card(base_url: str | None, model_name: str | None, api_key_env: str = "OPENAI_API_KEY",
+                      timeout_s: float = 10.0) -> dict:
+    """The model card an OpenAI-compatible endpoint lists for ``model_name`` (``GET /models``), every field kept:
+    our own server reports the checkpoint's sha256 (``webrl_digest``), vLLM and SGLang the weights' folder
+    (``root``)."""
+    if not base_url or "://" not in base_url:
+        raise ValueError(f"policy.base_url={base_url!r} is not a URL like http://127.0.0.1:8000/v1")
+    if not model_name:
+        raise ValueError("policy.model_name is empty; the endpoint needs a model name")
+    url = base_url.rstrip("/") + "/models"
+    try:
+        with openai.OpenAI(base_url=base_url.rstrip("/"), api_key=os.environ.get(api_key_env) or "EMPTY",
+                           timeout=timeout_s, max_retries=0) as client:
+            page = client.models.list()
+        # the SDK keeps the fields it does not know (webrl_digest, root): to_dict() has them all
+        cards = [c.to_dict() if isinstance(c, openai.BaseModel) else c for c in getattr(page, "data", None) or []]
+    except (openai.APIError, ValueError, AttributeError, TypeError) as e:
+        raise RuntimeError(f"policy endpoint policy.base_url={base_url!r} did not answer GET {url}: "
+                           f"{type(e).__name__}: {e}") from None
+    card = next((c for c in cards if isinstance(c, dict) and c.get("id") == model_name), None)
+    if card is None:
+        served = [c.get("id") for c in cards if isinstance(c, dict)]
+        raise RuntimeError(f"policy endpoint {base_url} does not serve policy.model_name={model_name!r}; it serves "
+                           f"{served}")
+    return card
+
+
+def served_model_digest(base_url: str | None, model_name: str | None, api_key_env: str = "OPENAI_API_KEY",
+                        timeout_s: float = 10.0) -> str:
+    """What an endpoint vouches for about ``model_name``: the checkpoint digest or folder of its card
+    (``served_model_card``); ``unverified`` when it reports neither."""
+    card = served_model_card(base_url, model_name, api_key_env, timeout_s)
+    return str(card.get("webrl_digest") or card.get("root") or "unverified")
+
+
+def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: int | None = None,
+               batch_wait_s: float = 0.01):
+    """OpenAI-compatible ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` around an HFPolicy.
+    Requests that arrive together (within ``batch_wait_s``) are generated in one batch, like a serving engine."""
+    max_batch = max_batch or policy.cfg.batch_size
+    queue: list[tuple[str, float, int, asyncio.Future]] = []
+    wake = asyncio.Event()
+    state: dict = {}
+
+    async def batcher() -> None:
+        while True:
+            await wake.wait()
+            await asyncio.sleep(batch_wait_s)
+            wake.clear()
+            while queue:
+                # one batch per (temperature, max_tokens) so each request gets what it asked for
+                key = (queue[0][1], queue[0][2])
+                batch = [q for q in queue if (q[1], q[2]) == key][:max_batch]
+                for q in batch:
+                    queue.remove(q)
+                try:
+                    outs = await asyncio.to_thread(policy.generate, [q[0] for q in batch], None, key[0], key[1])
+                    for q, o in zip(batch, outs):
+                        q[3].set_result(o)
+                except Exception as e:  # surface the failure to every waiting request
+                    for q in batch:
+                        q[3].set_exception(e)
+
+    async def submit(prompt: str, body: dict) -> str:
+        if "batcher" not in state:
+            state["batcher"] = asyncio.get_running_loop().create_task(batcher())
+        fut = asyncio.get_running_loop().create_future()
+        temp = float(body.get("temperature", policy.temperature))
+        queue.append((prompt, temp, int(body.get("max_tokens") or policy.cfg.max_new_tokens), fut))
+        wake.set()
+        return await fut
+
+    def envelope(kind: str, choice: dict, prompt: str, text: str) -> dict:
+        n_prompt = len(policy.tok(prompt, add_special_tokens=False).input_ids)
+        n_text = len(policy.tok(text, add_special_tokens=False).input_ids)
+        return {"id": f"{kind}-{uuid.uuid4().hex[:12]}", "object": kind, "created": int(time.time()),
+                "model": model_name, "choices": [choice],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_text, "total_tokens": n_prompt + n_text}}
+
+    async def completions(request: Request) -> JSONResponse:
+        body = await request.json()
+        if not isinstance(body.get("prompt"), str):
+            return JSONResponse({"error": {"message": "'prompt' must be a string"}}, status_code=400)
+        text = await submit(body["prompt"], body)
+        return JSONResponse(envelope("text_completion", {"index": 0, "text": text, "finish_reason": "stop"},
+                                     body["prompt"], text))
+
+    async def chat(request: Request) -> JSONResponse:
+        body = await request.json()
+        msgs = body.get("messages")
+        if not isinstance(msgs, list) or not msgs:
+            return JSONResponse({"error": {"message": "'messages' must be a non-empty list"}}, status_code=400)
+        tok = policy.tok
+        if getattr(tok, "chat_template", None):
+            prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        else:  # no template: the last user turn is the raw WebRL prompt
+            prompt = msgs[-1]["content"]
+        text = await submit(prompt, body)
+        return JSONResponse(envelope("chat.completion", {"index": 0, "finish_reason": "stop",
+                                                         "message": {"role": "assistant", "content": text}},
+                                     prompt, text))
+
+    async def models(request: Request) -> JSONResponse:
+        # the checkpoint's digest lets a client put the served weights into its episodes' identity
+        if "digest" not in state:
+            state["digest"] = await asyncio.to_thread(sha256_path, policy.model_path)
+        return JSONResponse({"object": "list", "data": [{"id": model_name, "object": "model", "root": str(policy.model_path),
+                                                         "webrl_digest": state["digest"]}]})
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
+                             Route("/v1/chat/completions", chat, methods=["POST"]),
+                             Route("/v1/models", models, methods=["GET"])])

@@ -1,0 +1,103 @@
+"""Re-run a recorded phase from its artifacts and report whether the outputs match.
+
+Inputs come from the run directory: ``config.yaml`` (the resolved config, seeds included), the store
+(trajectories and their ORM labels), ``models/phase=k-1`` (phase-start actor and critic) and
+``models/phase=0/actor`` (critic backbone). Without ``redo_rollouts`` the phase's data stages are
+re-computed from the stored trajectories: transitions -> replay selection -> critic -> actor, into
+``<run_dir>/reproduce/phase=k``; each output is compared with the recorded one by sha256 (datasets) and by
+the largest absolute weight difference (models). With ``redo_rollouts`` the phase's tasks are rolled out
+again with the phase-start actor and the success rates are compared as well.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from webrl_core.artifacts import ArtifactRef, read_json, sha256_path
+from webrl_core.config import load_config
+from webrl_core.env.rollout import plan_episode_ids
+from webrl_core.pipeline import experience, updates
+from webrl_core.agent.rollout_policy import rollout_identity
+from webrl_core.runs.rundir import model_ref
+from webrl_core.runs.store import TrajectoryStore
+from webrl_core.websites import SUCCESS_THRESHOLD
+
+
+def _link(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.is_symlink() or dst.exists():
+        if dst.is_symlink():
+            dst.unlink()
+        else:
+            shutil.rmtree(dst)
+    os.symlink(src.resolve(), dst)
+
+
+def max_weight_diff(a: str | Path, b: str | Path) -> float:
+    fa = sorted(Path(a).glob("*.safetensors"))
+    fb = {p.name: p for p in Path(b).glob("*.safetensors")}
+    worst = 0.0
+    for f in fa:
+        ta, tb = load_file(str(f)), load_file(str(fb[f.name]))
+        for k, v in ta.items():
+            worst = max(worst, float((v.float() - tb[k].float()).abs().max()))
+    return worst
+
+
+def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False) -> dict:
+    run = Path(run_dir).resolve()
+    if phase < 1:
+        raise ValueError("reproduce works on phases >= 1 (the bootstrap is re-run by webrl bootstrap)")
+    cfg_path = run / "config.yaml"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{cfg_path} missing: not a run directory")
+    s = load_config(cfg_path)
+    out = run / "reproduce" / f"phase={phase}"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    _link(run / "store", out / "store")  # read-only use: these stages only read the store
+    for k in sorted({0, phase - 1}):
+        _link(run / "models" / f"phase={k}", out / "models" / f"phase={k}")
+    rd = str(out)
+    recorded = {"samples": run / "data" / f"phase={phase}" / "samples.jsonl",
+                "replay": run / "data" / f"phase={phase}" / "replay.jsonl",
+                "critic": run / "models" / f"phase={phase}" / "critic",
+                "actor": run / "models" / f"phase={phase}" / "actor"}
+    missing = [str(p) for p in recorded.values() if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"phase {phase} did not record: {missing}")
+    report: dict = {"phase": phase, "run_dir": str(run), "outputs": {}}
+    tasks = read_json(run / "tasks" / f"phase={phase}" / "tasks.json")
+    ident = rollout_identity(s, model_ref(run, phase - 1, "actor"), s.policy.temperature, "rollout")
+    rolls = {"episode_ids": sorted(plan_episode_ids(tasks, phase=phase, purpose="rollout", seed=s.run.seed, **ident))}
+    if redo_rollouts:
+        tasks_ref = ArtifactRef.of(run / "tasks" / f"phase={phase}" / "tasks.json")
+        (out / "store").unlink()  # a fresh store for the new rollouts (the link pointed at the recorded one)
+        prev = model_ref(rd, phase - 1, "actor")
+        r = experience.rollout(s, rd, phase, "rollout", tasks_ref, prev, s.policy.temperature)
+        old = TrajectoryStore(run).sql(
+            "SELECT avg(CASE WHEN env_score >= $t THEN 1.0 ELSE 0.0 END) AS r FROM episodes "
+            "WHERE phase = $p AND purpose = 'rollout'", {"p": phase, "t": SUCCESS_THRESHOLD})[0]["r"]
+        report["rollouts"] = {"recorded_env_success": old, "reproduced_env_success": r["env_success"] / max(1, r["n"])}
+        orm = ArtifactRef.of(run / "models" / "phase=0" / "orm")
+        experience.orm_label(s, rd, phase, r, orm)
+        rolls = r
+    samples, _ = experience.phase_transitions(s, rd, phase, rolls)
+    replay, _ = experience.replay_transitions(s, rd, phase, model_ref(rd, phase - 1, "actor"), samples)
+    critic, _ = updates.update_critic(s, rd, phase, samples, replay, model_ref(rd, 0, "actor"),
+                                     model_ref(rd, phase - 1, "critic"))
+    actor, _ = updates.update_actor(s, rd, phase, samples, replay, model_ref(rd, phase - 1, "actor"), critic)
+    for name, ref in (("samples", samples), ("replay", replay)):
+        report["outputs"][name] = {"match": sha256_path(recorded[name]) == ref.sha256, "recorded": str(recorded[name]),
+                                   "reproduced": ref.path}
+    for name, ref in (("critic", critic), ("actor", actor)):
+        diff = max_weight_diff(recorded[name], ref.path)
+        report["outputs"][name] = {"match": diff == 0.0, "max_abs_weight_diff": diff, "recorded": str(recorded[name]),
+                                   "reproduced": ref.path}
+    report["all_match"] = all(v["match"] for v in report["outputs"].values())
+    return report

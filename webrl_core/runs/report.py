@@ -1,0 +1,264 @@
+"""Results people look at: the per-site success table (bootstrap vs each phase, like the paper's Table 1),
+plots (success per site across phases, losses, curriculum funnel), and their publication to MLflow.
+
+Inputs are files the stages wrote: ``eval/phase=k.json`` (per-site counts) and ``reports/phase=k.json``
+(the phase's metrics). Success rate per site = solved / (solved + failed) episodes on the held-out test set;
+errored and unscored episodes (a task that needs the LLM judge, and ``eval.judge`` was empty) are counted apart,
+and the summaries say how many, and when the deterministic fallback scored fuzzy tasks (``eval.judge: none``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from webrl_core.websites import SITE_TITLES, SITES
+
+
+def _phases(run_dir: str | Path, kind: str) -> list[tuple[int, dict]]:
+    out = []
+    for p in sorted((Path(run_dir) / kind).glob("phase=*.json"), key=lambda p: int(p.stem.split("=")[1])):
+        out.append((int(p.stem.split("=")[1]), json.loads(p.read_text())))
+    return out
+
+
+def _counts(v: dict) -> tuple[int, int, int, int]:
+    """(solved, failed, unscored, errored) of an eval entry (files of earlier versions had no 'failed' and no
+    'unscored')."""
+    errors, unscored = int(v.get("errors", 0)), int(v.get("unscored", 0))
+    failed = int(v["failed"]) if "failed" in v else int(v["n"]) - int(v["success"]) - errors - unscored
+    return int(v["success"]), failed, unscored, errors
+
+
+def _row(label: str, phase: int, ev: dict) -> dict:
+    row = {"phase": phase, "label": label, "policy_digest": ev.get("policy_digest")}
+    for site in SITES:
+        v = ev["sites"].get(site)
+        ok, bad, _, _ = _counts(v) if v else (0, 0, 0, 0)
+        row[site] = ok / (ok + bad) if ok + bad else None
+    row["solved"], row["failed"], row["unscored"], row["errored"] = _counts(ev["total"])
+    row["avg"] = row["solved"] / max(1, row["solved"] + row["failed"])
+    row["n"] = ev["total"]["n"]
+    row["judge"] = ev.get("judge")
+    row["judge_fallback"] = int(ev.get("judge_fallback", 0))
+    return row
+
+
+def results_table(run_dir: str | Path) -> list[dict]:
+    """[{phase, label, policy_digest, <site>: rate, avg, solved, failed, unscored, errored, n, judge,
+    judge_fallback}] from the evaluations of a run: one row per phase (``eval/phase=k.json``) and per separately
+    evaluated checkpoint (``eval/model=<digest>.json``). Rates are solved / (solved + failed); errored and unscored
+    episodes are counted apart. ``judge``: what scored fuzzy_match and the N/A reason check (``eval.judge``);
+    ``judge_fallback``: episodes the deterministic fallback scored (``eval.judge: none``)."""
+    rows = [_row("SFT (bootstrap)" if phase == 0 else f"WebRL phase {phase}", phase, ev)
+            for phase, ev in _phases(run_dir, "eval")]
+    for p in sorted((Path(run_dir) / "eval").glob("model=*.json")):
+        ev = json.loads(p.read_text())
+        where = Path(ev["actor"]).name if ev.get("actor") else "?"
+        rows.append(_row(f"{where} [{str(ev.get('policy_digest'))[:15]}]", ev["phase"], ev))
+    return rows
+
+
+def judge_notes(row: dict) -> list[str]:
+    """What a reader of a results row must know about how its fuzzy tasks were scored (``eval.judge``)."""
+    out = []
+    if row.get("unscored"):
+        out.append(f"{row['unscored']} test episode(s) were unscored because no LLM judge is configured "
+                   f"(eval.judge was empty when they were scored) and their tasks need one (fuzzy_match or the N/A "
+                   f"reason check); set eval.judge to an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1), "
+                   f"or eval.judge: none to score them with the deterministic fallback. They are counted apart, not "
+                   f"as failures.")
+    if row.get("judge_fallback"):
+        out.append(f"{row['judge_fallback']} test episode(s) of fuzzy tasks were scored by the deterministic fallback, "
+                   f"not an LLM judge, because eval.judge is none; their scores are not comparable with VAB's "
+                   f"(set eval.judge to an OpenAI-compatible endpoint for VAB's judge).")
+    return out
+
+
+def markdown_table(rows: list[dict]) -> str:
+    head = "| model | " + " | ".join(SITE_TITLES[s] for s in SITES) + " | Avg | solved / failed / unscored / errored |"
+    lines = [head, "|" + "---|" * (len(SITES) + 3)]
+    for r in rows:
+        cells = [f"{100 * r[s]:.1f}" if r[s] is not None else "-" for s in SITES]
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + f" | {100 * r['avg']:.1f} | "
+                     f"{r['solved']} / {r['failed']} / {r.get('unscored', 0)} / {r['errored']} |")
+    return "\n".join(lines)
+
+
+def notes_markdown(rows: list[dict]) -> str:
+    """The rows' ``judge_notes`` as a markdown list ("" when there are none)."""
+    notes = [f"- **{r['label']}**: {n}" for r in rows for n in judge_notes(r)]
+    return ("\n" + "\n".join(notes) + "\n") if notes else ""
+
+
+def plot_success(run_dir: str | Path) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results_table(run_dir) if r["label"] == "SFT (bootstrap)" or r["label"].startswith("WebRL phase")]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["phase"] for r in rows]
+    for s in SITES:
+        ys = [100 * r[s] if r[s] is not None else float("nan") for r in rows]
+        ax.plot(xs, ys, marker="o", label=SITE_TITLES[s])
+    ax.plot(xs, [100 * r["avg"] for r in rows], marker="s", color="black", linewidth=2, label="Avg")
+    ax.set_xlabel("phase (0 = SFT bootstrap)")
+    ax.set_ylabel("test success rate (%)")
+    ax.set_xticks(xs)
+    ax.legend(fontsize=8)
+    ax.set_title("Success per site across phases")
+    out = Path(run_dir) / "plots" / "success_per_site.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_funnel_and_losses(run_dir: str | Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reps = [(k, m) for k, m in _phases(run_dir, "reports") if k > 0]
+    if not reps:
+        return []
+    out_dir = Path(run_dir) / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    stages = [("generated", "generated"), ("kept_by_critic", "kept by critic"), ("kept_by_review", "kept by review"),
+              ("rollout_episodes", "rolled out"), ("orm_success_rate", "ORM successes")]
+    width = 0.8 / max(1, len(reps))
+    for i, (k, m) in enumerate(reps):
+        vals = [m.get(key, 0) * (m.get("rollout_episodes", 0) if key == "orm_success_rate" else 1) for key, _ in stages]
+        ax.bar([j + i * width for j in range(len(stages))], vals, width, label=f"phase {k}")
+    ax.set_xticks([j + width * (len(reps) - 1) / 2 for j in range(len(stages))], [l for _, l in stages], fontsize=8)
+    ax.set_ylabel("tasks")
+    ax.set_title("Curriculum funnel")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "curriculum_funnel.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("critic_train_loss", "critic loss"), ("actor_train_loss", "actor loss")):
+        xs = [k for k, m in reps if key in m]
+        if xs:
+            ax.plot(xs, [m[key] for k, m in reps if key in m], marker="o", label=label)
+    ax.set_xlabel("phase")
+    ax.set_ylabel("final training loss")
+    ax.set_title("Training losses per phase")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out_dir / "losses.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def models_line(run_dir: str | Path) -> str:
+    """Which model the run started from and the precision it computed in (and why, for ``models.dtype: auto``),
+    from the run's resolved ``config.yaml``; '' without one."""
+    import yaml
+
+    cfg_file = Path(run_dir) / "config.yaml"
+    if not cfg_file.is_file():
+        return ""
+    models = (yaml.safe_load(cfg_file.read_text()) or {}).get("models") or {}
+    start = models.get("actor") or "the embedded model, trained from scratch"
+    why = f" ({models['dtype_reason']})" if models.get("dtype_reason") else ""
+    layers = f"; trained layers: top {models['train_layers']}" if models.get("train_layers") else ""
+    return f"Starting actor: {start}; precision: {models.get('dtype', '?')}{why}{layers}.\n\n"
+
+
+def write_summary(run_dir: str | Path) -> Path:
+    rows = results_table(run_dir)
+    out = Path(run_dir) / "summary.md"
+    out.write_text("# WebRL run summary\n\n" + models_line(run_dir)
+                   + "Test-set success rate (%) per site (solved / (solved + failed)):\n\n"
+                   + markdown_table(rows) + "\n" + notes_markdown(rows))
+    return out
+
+
+def publish_phase(run_dir: str | Path, phase: int, metrics: dict, actor_ref=None) -> str:
+    """Write the phase's metrics, plots and trajectory viewer; log them to the active MLflow run. Returns markdown."""
+    from webrl_core.runs import tracking
+    from webrl_core.runs.store import TrajectoryStore
+
+    rep = Path(run_dir) / "reports" / f"phase={phase}.json"
+    rep.parent.mkdir(parents=True, exist_ok=True)
+    rep.write_text(json.dumps(metrics, indent=1, sort_keys=True, default=str))
+    paths = [p for p in [plot_success(run_dir), *plot_funnel_and_losses(run_dir)] if p]
+    for p in paths:
+        tracking.log_artifact(p, "plots")
+    viewer = None
+    try:
+        from webrl_core.runs.viewer import write_viewer
+
+        viewer = write_viewer(TrajectoryStore(run_dir), Path(run_dir) / "viewer", phase=phase)
+        tracking.log_artifact(Path(viewer).parent if Path(viewer).is_file() else viewer, f"viewer/phase={phase}")
+    except ImportError:
+        pass
+    if actor_ref is not None:
+        _register_model(actor_ref.path, phase)
+    warnings = phase_warnings(metrics)
+    for w in warnings:
+        print(f"WARNING phase {phase}: {w}")
+    rows = results_table(run_dir)
+    md = (f"# WebRL phase {phase}\n\n" + "".join(f"> **WARNING**: {w}\n>\n" for w in warnings)
+          + markdown_table(rows) + "\n" + notes_markdown(rows) + "\n"
+          + "\n".join(f"- **{k}**: {v:.4g}" if isinstance(v, float) else f"- **{k}**: {v}" for k, v in
+                      sorted(metrics.items())) + (f"\n\nTrajectory viewer: `{viewer}`\n" if viewer else ""))
+    return md
+
+
+def phase_warnings(metrics: dict) -> list[str]:
+    """What a reader of a phase summary must not miss: no new tasks, errors, unscored episodes."""
+    out = []
+    if metrics.get("unscored"):
+        out.append(f"{int(metrics['unscored'])} rollout episode(s) unscored (their task needs the LLM judge, "
+                   f"eval.judge is empty): left out of training and of the ORM's agreement")
+    if metrics.get("rollout_episodes") == 0:
+        out.append("no rollouts: the curriculum produced no tasks for this phase")
+    if metrics.get("rollout_errors"):
+        out.append(f"{int(metrics['rollout_errors'])} rollout episode(s) errored (stored with their errors)")
+    if metrics.get("test_errored"):
+        out.append(f"{int(metrics['test_errored'])} test episode(s) errored; they are not counted as failures")
+    if metrics.get("test_unscored"):
+        out.append(f"{int(metrics['test_unscored'])} test episode(s) were unscored because no LLM judge is configured "
+                   f"(eval.judge); they are not counted as failures")
+    if metrics.get("test_judge_fallback"):
+        out.append(f"{int(metrics['test_judge_fallback'])} fuzzy test episode(s) were scored by the deterministic "
+                   f"fallback, not an LLM judge, because eval.judge is none")
+    return out
+
+
+def _register_model(path: str, phase: int) -> None:
+    """Log the actor's folder and register it as a version of ``webrl-actor``. The folder is a plain HF
+    checkpoint (no MLmodel file), so the version is created from its artifact URI: MLflow 3's
+    ``register_model("runs:/...")`` only finds models logged through a flavour. Failures raise."""
+    import mlflow
+
+    run = mlflow.active_run()
+    if run is None:
+        return
+    mlflow.log_artifacts(path, artifact_path="actor")
+    client = mlflow.MlflowClient()
+    try:
+        try:
+            client.create_registered_model("webrl-actor")
+        except mlflow.exceptions.MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        client.create_model_version("webrl-actor", source=mlflow.get_artifact_uri("actor"), run_id=run.info.run_id,
+                                    tags={"phase": str(phase), "checkpoint": path})
+    except mlflow.exceptions.MlflowException as e:
+        # fail the phase rather than print and move on: a missing registered model is what a user would not notice
+        raise RuntimeError(f"MLflow model registry at {mlflow.get_tracking_uri()} refused phase {phase}'s actor "
+                           f"({path}): {e}") from e

@@ -1,0 +1,5 @@
+"""Scaling out: training under ``accelerate launch`` (DDP, FSDP, DeepSpeed ZeRO-3) and rollouts on a Ray cluster.
+
+    launch       the critic, actor, SFT and ORM trainers in-process or as ``accelerate launch`` jobs
+    ray_rollout  rollout shards as Ray tasks, each node storing its episodes, with a shared policy server
+"""

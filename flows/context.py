@@ -14,6 +14,7 @@ from webrl_core.pipeline import validate
 from webrl_core.runs import runlock, tracking
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import WebRLSettings, load_config
+from webrl_core.logs import quiet_libraries
 from webrl_core.runs.rundir import model_ref, run_identity
 
 
@@ -48,6 +49,7 @@ def open_run(config: str, overrides: list[str] | None, run_dir: str | None, flow
     """Resolve the config; check every input before any work (``validate.preflight``: run dir, test set, store,
     endpoint, checkpoints); hold the run dir's lock (a second flow on the same run dir is refused, never run
     twice; ``runlock``); record the config (an earlier, different one is kept); open the MLflow run."""
+    quiet_libraries()  # a flow run started by a Prefect worker gets the CLI's quiet defaults too
     settings = load_config(config, sets=overrides or [])
     rd = str(Path(run_dir or settings.run_dir()).resolve())
     runlock.check_free(rd, f"webrl-{flow}", phase)  # busy: say so, not what the running flow has yet to write

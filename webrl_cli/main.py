@@ -59,6 +59,15 @@ class WebrlTyper(typer.Typer):
 app = WebrlTyper(help="webrl: WebRL web-agent training as cached Prefect flows.", no_args_is_help=True,
                  pretty_exceptions_show_locals=False)
 
+
+@app.callback()
+def _options(verbose: bool = typer.Option(
+        False, "--verbose", "-v", help="Also show third-party output: transformers, datasets and TRL progress bars "
+        "and logs, the Trainers' metric panels, library deprecation warnings (or set WEBRL_VERBOSE=1).")) -> None:
+    from webrl_core.logs import quiet_libraries
+
+    quiet_libraries(verbose or None)
+
 # (group name, module, help). Modules define `app = typer.Typer(...)`.
 _GROUPS = [
     ("config", "webrl_cli.config_cmd", "Show and check configs."),

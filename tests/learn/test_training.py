@@ -187,12 +187,17 @@ def test_lora_paper_loss_and_saved_folders(tiny, tmp_path):
     assert 0.2 < seq_ratio < 3.0, seq_ratio
 
 
-def test_sft_bootstrap_learns_the_actions(tiny, tmp_path):
+def test_sft_bootstrap_learns_the_actions(tiny, tmp_path, capfd, monkeypatch):
+    monkeypatch.delenv("WEBRL_VERBOSE", raising=False)
     samples = _samples()
     settings = load_config(sets=["models.device=cpu", "models.max_length=256", "actor.batch_size=4",
                                  "bootstrap.sft_lr=0.01", "bootstrap.sft_epochs=10"])
     stats = sft_train([(s["observation"], s["action"]) for s in samples], tiny["llama"], tmp_path / "sft", settings)
     assert stats["steps"] == 20
+    shown = capfd.readouterr()
+    # one progress line of ours ("train sft ... 20/20 ... loss"), not the Trainer's printed log dicts or TRL's panel
+    assert "train sft" in shown.out and "20/20" in shown.out
+    assert "{'loss'" not in shown.out + shown.err and "Step 10" not in shown.out
     before = _per_token_logp(tiny["llama"], samples, settings)
     after = _per_token_logp(tmp_path / "sft", samples, settings)
     assert (after - before).mean().item() > 1.0

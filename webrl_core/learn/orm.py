@@ -204,12 +204,12 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
         output_dir=str(Path(out_dir) / "_trainer"), num_train_epochs=cfg.epochs, learning_rate=cfg.lr,
         per_device_train_batch_size=cfg.batch_size, lr_scheduler_type="cosine", warmup_steps=0.1,
         logging_steps=10, save_strategy="no", report_to="none", seed=seed, completion_only_loss=True,
-        max_length=models_cfg.max_length, gradient_checkpointing=models_cfg.gradient_checkpointing,
+        max_length=models_cfg.max_length, activation_checkpointing=models_cfg.gradient_checkpointing,
         use_cpu=device.type == "cpu", **trainer_precision_args(models_cfg, device),
         disable_tqdm=True)  # progress: rich (progress_callbacks), as everywhere else
     trainer = SelectedLogitsSFTTrainer(model=model, args=args,
                                        train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
-                                       processing_class=tok, callbacks=progress_callbacks())
+                                       processing_class=tok, callbacks=progress_callbacks("orm"))
     fit(trainer)
     model = trainer.model
     model.eval()

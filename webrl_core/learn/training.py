@@ -60,7 +60,7 @@ adapters were merged into the folder; an unmerged adapter chain would make "adap
 Settings: the config sections (``webrl_core.config``: ``actor``, ``critic``, ``bootstrap``) are the only definition;
 ``WebRLConfig``, the actor Trainer's arguments, takes its loss fields from ``ActorTrainConfig`` and is built from
 the settings by ``WebRLConfig.from_settings``. Progress: rich, for our loops (``rich.progress``) and for the
-Trainers (TRL's ``RichProgressCallback``, with the Trainer's own tqdm bar off).
+Trainers (``TrainProgress``: one line per training; TRL's ``RichProgressCallback`` with ``webrl --verbose``).
 """
 
 from __future__ import annotations
@@ -72,11 +72,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from rich.progress import track
-from transformers import Trainer, TrainingArguments, set_seed
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, track
+from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+from transformers.trainer_callback import PrinterCallback
 
 from webrl_core.learn import advantage as adv_mod
 from webrl_core.config import ActorTrainConfig
+from webrl_core.logs import is_verbose
 from webrl_core.learn.critic import Critic, critic_examples, critic_loss
 from webrl_core.learn.models import (autocast_context, count_parameters, encode_prompt_action, left_pad, load_causal_lm,
                                load_tokenizer, resolve_device, save_model, trainer_precision_args, training_dtype)
@@ -122,19 +124,58 @@ class WebRLConfig(TrainingArguments):
                              max_steps, **a.model_dump(include=set(ActorTrainConfig.LOSS_FIELDS)))
 
 
-def progress_callbacks() -> list:
-    """The Trainers' progress display: TRL's rich one (with ``disable_tqdm=True`` in the arguments)."""
-    from trl.trainer.callbacks import RichProgressCallback
+class TrainProgress(TrainerCallback):
+    """One rich progress line per training: its name, steps done of all, elapsed time and the last logged loss."""
 
-    return [RichProgressCallback()]
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.bar = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.bar = Progress(TextColumn(f"[bold]train {self.name}"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.description}"), TimeElapsedColumn())
+            self.bar.start()
+            self.task = self.bar.add_task("", total=state.max_steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.update(self.task, completed=state.global_step)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs and "loss" in logs:
+            self.bar.update(self.task, description=f"loss {logs['loss']:.4g}")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.stop()
+
+    def stop(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
+
+
+def progress_callbacks(name: str) -> list:
+    """The Trainers' progress display: one line of ours (``TrainProgress``); with ``webrl --verbose``, TRL's rich
+    panel of every logged metric instead. The Trainer's own tqdm bar is off (``disable_tqdm=True``)."""
+    if is_verbose():
+        from trl.trainer.callbacks import RichProgressCallback
+
+        return [RichProgressCallback()]
+    return [TrainProgress(name)]
 
 
 def fit(trainer: Trainer):
-    """``trainer.train()``; the rich progress display is stopped even when training raises."""
+    """``trainer.train()``; the progress display is stopped even when training raises. Without ``--verbose`` the
+    Trainer's printed log dicts (``PrinterCallback``, added by ``disable_tqdm=True``) are dropped."""
+    if not is_verbose():
+        trainer.remove_callback(PrinterCallback)
     try:
         return trainer.train()
     finally:
         for cb in trainer.callback_handler.callbacks:
+            if isinstance(cb, TrainProgress):
+                cb.stop()
             live = getattr(cb, "rich_group", None)  # RichProgressCallback's Live, None once on_train_end ran
             if live is not None:
                 live.stop()
@@ -525,7 +566,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     from datasets import Dataset
 
     trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
-                           data_collator=ActorCollator(tok.pad_token_id), callbacks=progress_callbacks())
+                           data_collator=ActorCollator(tok.pad_token_id), callbacks=progress_callbacks("actor"))
     t2 = time.perf_counter()
     result = fit(trainer)
     t_train = time.perf_counter() - t2
@@ -610,7 +651,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
 
     trainer = CriticTrainer(model=critic, args=args, train_dataset=Dataset.from_list(rows),
                             data_collator=CriticCollator(critic.tokenizer.pad_token_id),
-                            callbacks=progress_callbacks())
+                            callbacks=progress_callbacks("critic"))
     t0 = time.perf_counter()
     result = fit(trainer)
     train_s = time.perf_counter() - t0
@@ -650,7 +691,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     args = _trainer_args(SFTConfig, out_dir, settings, boot.sft_lr, epochs, micro, accum,
                          a.max_grad_norm, max_steps, scheduler="cosine", warmup=0.1,  # the paper's SFT recipe
                          completion_only_loss=boot.sft_loss == "completion", max_length=settings.models.max_length,
-                         gradient_checkpointing=settings.models.gradient_checkpointing)
+                         activation_checkpointing=settings.models.gradient_checkpointing)
     tok = load_tokenizer(model_dir)
     set_seed(settings.run.seed)
     models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
@@ -663,7 +704,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
         enc = encode_prompt_action(tok, pair[0], pair[1], settings.models.max_length)
         rows.append({"input_ids": enc["input_ids"], "completion_mask": enc["action_mask"]})
     trainer = SelectedLogitsSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                                       processing_class=tok, callbacks=progress_callbacks())
+                                       processing_class=tok, callbacks=progress_callbacks("sft"))
     t0 = time.perf_counter()
     result = fit(trainer)
     train_s = time.perf_counter() - t0

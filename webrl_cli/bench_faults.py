@@ -1,4 +1,4 @@
-"""`webrl bench faults`: the fault matrix (webrl_core/bench/faults.py), one row per injected fault."""
+"""`webrl bench faults`: the fault matrix (webrl_core/bench/faults/), one row per injected fault."""
 
 from __future__ import annotations
 

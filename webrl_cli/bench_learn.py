@@ -20,17 +20,39 @@ def register(app: typer.Typer) -> None:
             html_chars=tuple(int(x) for x in html_chars.split(",")), seed=seed, threads=threads, out=out)
 
     @app.command("train")
-    def bench_train(episodes: int = typer.Option(16, help="synthetic episodes (half successful)"),
-                    steps: int = typer.Option(4, help="steps per episode"),
+    def bench_train(model: str = typer.Option(None, help="HF causal-LM folder or short name (smollm2-135m-instruct): "
+                                              "measure the SFT, critic and actor stages on it; without: the "
+                                              "actor stage on the embedded tiny model, ours vs official"),
+                    config: str = typer.Option("demo", help="--model: config whose models/actor/critic/bootstrap "
+                                               "settings are used"),
+                    set_: list[str] = typer.Option([], "--set", "-s", help="--model: section.key=value overrides"),
+                    official: bool = typer.Option(True, help="--model: also run the official per-sample actor "
+                                                  "stage for the ratio"),
+                    episodes: int = typer.Option(None, help="synthetic episodes, half successful (default 16; "
+                                                 "--model: 8)"),
+                    steps: int = typer.Option(None, help="steps per episode (default 4; --model: 2)"),
                     html_chars: str = typer.Option("1500,4000", help="min,max characters of synthetic HTML per step"),
                     batch_size: int = typer.Option(8, help="our samples per optimizer step (the official: 2, batch 1 x GA 2)"),
                     micro_batch_size: int = typer.Option(0, help="our samples per forward pass (0: the default, 1 on CPU)"),
                     seed: int = typer.Option(0, help="seed of the synthetic data and the model"),
                     threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
                     out: str = typer.Option(None, help="write the numbers as JSON to this file")):
-        """WebRL actor-training stage: our precompute + batched epoch vs the official per-sample recomputation
-        of reference and critic values; wall times, ratio and MFU against a measured fp32 matmul peak."""
+        """Training throughput. With --model: SFT, critic and actor stages on that model, tokens/s and share of the
+        matmul peak (in the run's dtype) measured in the same run, peak RSS per stage; last line
+        `tokens/s=<n> peak=<p>%`. Without: the WebRL actor stage, our precompute + batched epoch vs the official
+        per-sample recomputation, on the embedded tiny model (fp32)."""
+        import torch
+
+        chars = tuple(int(x) for x in html_chars.split(","))
+        if threads:
+            torch.set_num_threads(threads)
+        if model:
+            from webrl_core.bench.train_model import run as run_model
+
+            run_model(model, config, sets=set_, episodes=episodes or 8, steps=steps or 2, html_chars=chars,
+                      official=official, seed=seed, out=out)
+            return
         from webrl_core.bench.train import run as run_train
-        run_train(episodes=episodes, steps=steps, html_chars=tuple(int(x) for x in html_chars.split(",")),
+        run_train(episodes=episodes or 16, steps=steps or 4, html_chars=chars,
                   batch_size=batch_size, micro_batch_size=micro_batch_size or None, seed=seed,
                   threads=threads, out=out)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 
@@ -40,6 +42,10 @@ def register(app: typer.Typer) -> None:
         shard_size: int = typer.Option(4, "--shard-size", min=1, help="--engine ray: episodes per Ray task"),
         cpus_per_node: int = typer.Option(1, "--cpus-per-node", min=1, help="--engine ray: CPUs each local node offers "
                                             "(1: one shard at a time per node)"),
+        model: str | None = typer.Option(None, help="HF causal-LM folder or short name (smollm2-135m-instruct) as the "
+                                         "policy on the embedded sites' test tasks; prints env steps/s and the "
+                                         "policy alone on the same prompts (default n_envs 4, 8 episodes, config "
+                                         "demo)"),
         config: str | None = typer.Option(None, "--config", "-c", help="config file for the env section"),
         set_: list[str] = typer.Option([], "--set", help="section.key=value overrides"),
     ) -> None:
@@ -50,6 +56,9 @@ def register(app: typer.Typer) -> None:
 
         from webrl_core.config import load_config
 
+        if model:
+            _bench_model(Console(), model, config or "demo", set_, _ints(n_envs or "4", "--n-envs"), episodes or 8)
+            return
         settings = load_config(config, sets=set_ or ())
         cfg = settings.env
         console = Console()
@@ -88,6 +97,36 @@ def register(app: typer.Typer) -> None:
         best = max(rows, key=lambda r: r["steps_per_s"])
         console.print(f"best: {best['steps_per_s']:.1f} env steps/s at n_envs={best['n_envs']} "
                       f"(target >= 10 steps/s)")
+
+
+def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int], episodes: int) -> None:
+    from rich.table import Table
+
+    from webrl_core.bench.rollout import bench_model_rollout
+    from webrl_core.config import load_config
+
+    settings = load_config(config, sets=[f"models.actor={model}", *sets])
+    m = settings.models
+    console.print(f"--model {m.actor}: {m.dtype} ({m.dtype_reason}), policy.batch_size={settings.policy.batch_size}, "
+                  f"max_new_tokens={settings.policy.max_new_tokens}, temperature={settings.policy.temperature}, "
+                  f"env.max_steps={settings.env.max_steps}, batch_wait_s={settings.env.batch_wait_s}; "
+                  f"{episodes} timed episodes per n_envs on the embedded test tasks")
+    rows = bench_model_rollout(str(m.actor), settings, ns, episodes,
+                               on_row=lambda r: console.print(f"  n_envs={r['n_envs']}: {r['steps_per_s']:.2f} "
+                                                              f"steps/s, policy alone "
+                                                              f"{r['policy_only_steps_per_s']:.2f}"))
+    table = Table(title=f"webrl bench rollout --model {Path(str(m.actor)).name}", padding=(0, 0))
+    cols = [("n_envs", "n_envs", "{}"), ("eps", "episodes", "{}"), ("steps", "steps", "{}"),
+            ("steps/s", "steps_per_s", "{:.2f}"), ("policy-only", "policy_only_steps_per_s", "{:.2f}"),
+            ("policy share", "policy_share", "{:.0%}"), ("obs p50", "obs_p50_ms", "{:.0f}ms"),
+            ("succ", "success", "{:.2f}"), ("err", "errors", "{}"), ("py MB", "python_rss_mb", "{:.0f}")]
+    for name, _, _ in cols:
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(*[fmt.format(r[key]) for _, key, fmt in cols])
+    console.print(table)
+    best = max(rows, key=lambda r: r["steps_per_s"])
+    print(f"steps/s={best['steps_per_s']:.2f} policy_only={best['policy_only_steps_per_s']:.2f}")
 
 
 def _bench_ray(console, settings, target: str, n_envs: str | None, episodes: int, nodes: list[int],

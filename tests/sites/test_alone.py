@@ -13,7 +13,8 @@ from webrl_core.env.rollout import rollout
 from webrl_core.sites import shopping
 from webrl_core.sites.common import EpisodeDBs, SiteKit, sign
 from webrl_core.sites.data import site_data, write_template
-from webrl_core.sites.families import PageView, ShoppingAdminUpdatePrice
+from webrl_core.sites.families import PageView
+from webrl_core.sites.families.shopping_admin import ShoppingAdminUpdatePrice
 from webrl_core.sites.shopping import orders
 from webrl_core.sites.tasks import make_task
 

@@ -114,7 +114,7 @@ async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg) -> dic
             "action_p50_ms": 1000 * (statistics.median([s["action_s"] for s in steps]) if steps else float("nan")),
             "success": sum(bool(e["success"]) for e in eps) / max(1, len(eps)),
             "errors": sum(e["status"] == "error" for e in eps),
-            "chromium_pss_mb": peak["pss"], "python_rss_mb": peak["rss"]}
+            "chromium_pss_mb": peak["pss"], "python_rss_mb": peak["rss"], "prompts": [s["prompt"] for s in steps]}
 
 
 def bench_rollout(target: str = "miniwob", n_envs_list: list[int] = (1, 4, 8, 16), episodes: int = 40,
@@ -127,6 +127,7 @@ def bench_rollout(target: str = "miniwob", n_envs_list: list[int] = (1, 4, 8, 16
     try:
         for n in n_envs_list:
             row = asyncio.run(_measure(tasks, policy, hooks, n, episodes, cfg))
+            row.pop("prompts")
             row["target"] = target
             rows.append(row)
             if on_row:
@@ -281,4 +282,37 @@ def bench_engines(settings, nodes_list: list[int] = (1, 2), policies: list[str] 
         base = max((r["steps_per_s"] for r in rows if r["engine"] == "local" and r["policy"] == row["policy"]),
                    default=0.0)
         row["vs_local"] = row["steps_per_s"] / base if base else 1.0
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- a model as the policy
+def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), episodes: int = 8,
+                        on_row=None) -> list[dict]:
+    """Env steps/s of the embedded sites' test tasks with ``model`` (an HF folder, in-process ``HFPolicy`` with the
+    config's ``models``/``policy`` settings) acting, per n_envs; beside it the policy alone: the same prompts that
+    the rollout sent, generated again in batches of n_envs (what the rollout's policy calls would cost with no
+    browser and no waiting), as steps/s."""
+    from webrl_core.agent.policy import HFPolicy
+    from webrl_core.sites import EmbeddedSites, test_set
+
+    policy = HFPolicy(model, settings.policy, settings.models, temperature=settings.policy.temperature,
+                      style=settings.prompt.style, compat=settings.prompt.compat)
+    sites = EmbeddedSites(data_seed=0, workers=settings.sites.workers).start()
+    tasks = test_set(0)
+    rows = []
+    try:
+        for n in n_envs_list:
+            row = asyncio.run(_measure(tasks, policy, sites, n, episodes, settings.env))
+            prompts = row.pop("prompts")
+            t0 = time.perf_counter()
+            for i in range(0, len(prompts), n):
+                policy.generate(prompts[i:i + n])
+            policy_s = time.perf_counter() - t0
+            row |= {"target": "embedded", "model": str(model), "policy_only_steps_per_s": len(prompts) / policy_s,
+                    "policy_share": policy_s / row["wall_s"]}
+            rows.append(row)
+            if on_row:
+                on_row(row)
+    finally:
+        sites.stop()
     return rows

@@ -663,6 +663,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     labels = [e["label"] for e in examples]
     return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
             "train_s": round(train_s, 3), "train_loss": result.training_loss, "steps": result.global_step,
+            "tokens": int(sum(len(x) for x in ids) * c.epochs), "tokens_sq": int(sum(len(x) ** 2 for x in ids) * c.epochs),
             **counts, "loss_curve": _loss_curve(trainer)}
 
 

@@ -1,0 +1,175 @@
+"""`webrl bench train --model FOLDER`: the three training stages of a phase on a real model, as shares of the
+matmul peak measured in the same run.
+
+Stages (the functions the pipeline calls, with the config's ``models``/``actor``/``critic``/``bootstrap``
+settings and ``models.actor = FOLDER``): the bootstrap SFT (``training.sft_train``), the critic epoch
+(``training.train_critic``, a fresh critic on FOLDER's backbone) and the KL-constrained actor stage
+(``training.train_actor``: critic values, reference log-probs, the epoch). Data: synthetic WebRL steps
+(``build_prompt`` over simplified-HTML pages, half of the episodes successful), tokenised by FOLDER's tokenizer.
+
+Model FLOPs per sequence of T tokens (PaLM's count, attention included), with N parameters without the input
+embedding, L layers, d hidden size, and N_t, L_t the trained part (``models.train_layers``)::
+
+    forward   2*N*T   + 4*L*d*T^2
+    backward  4*N_t*T + 8*L_t*d*T^2          (no gradients below the lowest trained layer)
+    share of peak = FLOPs / seconds / peak,  peak = best n x n torch.matmul rate in the run's dtype
+
+Tokens/s counts the tokens of the sequences trained (prompt and action). The official per-sample actor update
+(``bench.train.official_stage``) runs on the same samples for the ratio official/ours. Peak RSS per stage is the
+process's high-water mark, reset before each stage (``/proc/self/clear_refs``).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from webrl_core.bench.train import official_stage, synthetic_trajectories
+from webrl_core.config import load_config
+from webrl_core.learn.models import encode_prompt_action, load_tokenizer
+from webrl_core.learn.training import sft_train, train_actor, train_critic
+from webrl_core.learn.transitions import build_transitions
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def matmul_peak(dtype: torch.dtype, device: str = "cpu", n: int = 2048, reps: int = 5, rounds: int = 3) -> float:
+    """Best FLOP/s of an n x n matmul in ``dtype`` on ``device`` now."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    torch.matmul(a, b)
+    best = 0.0
+    for _ in range(rounds):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(a, b)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t))
+    return best
+
+
+def reset_peak_rss() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not Linux: the peak is then the process's since start
+
+
+def peak_rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _shape(folder: str) -> dict:
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(folder)
+    return {"layers": c.num_hidden_layers, "hidden": c.hidden_size}
+
+
+def _flops(tokens: float, tokens_sq: float, n: int, n_t: int, layers: int, layers_t: int, d: int,
+           train: bool) -> float:
+    """Model FLOPs of sequences with sum T = ``tokens`` and sum T^2 = ``tokens_sq``."""
+    fwd = 2 * n * tokens + 4 * layers * d * tokens_sq
+    return float(fwd + ((4 * n_t * tokens + 8 * layers_t * d * tokens_sq) if train else 0))
+
+
+def run(model: str, config: str = "demo", sets: list[str] | None = None, episodes: int = 8, steps: int = 2,
+        html_chars: tuple[int, int] = (1500, 4000), official: bool = True, seed: int = 0,
+        out: str | None = None) -> dict:
+    console = Console()
+    settings = load_config(config, sets=[f"models.actor={model}", f"run.seed={seed}", *(sets or [])])
+    m = settings.models
+    folder = str(m.actor)
+    device = "cuda" if m.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
+    peak = matmul_peak(DTYPES[m.dtype], device)
+    samples = build_transitions(synthetic_trajectories(episodes, steps, html_chars, seed), gamma=0.9)
+    pairs = [(s["observation"], s["action"]) for s in samples]
+    tok = load_tokenizer(folder)
+    shape = _shape(folder)
+    L, d = shape["layers"], shape["hidden"]
+    L_t = min(m.train_layers, L) if m.train_layers else L
+    pair_lens = [len(encode_prompt_action(tok, p, a, m.max_length)["input_ids"]) for p, a in pairs]
+    console.print(f"model {folder}: {L} layers, hidden {d}, training the top {L_t}; {m.dtype} ({m.dtype_reason}); "
+                  f"{len(samples)} samples, median {sorted(pair_lens)[len(pair_lens) // 2]} tokens; "
+                  f"{m.dtype} matmul peak {peak / 1e9:.1f} GFLOP/s on {device}, {torch.get_num_threads()} threads")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="webrl-bench-train-model-") as tmp:
+        tmp = Path(tmp)
+
+        def stage(name: str, fn):
+            reset_peak_rss()
+            t0 = time.perf_counter()
+            stats = fn()
+            row = {"stage": name, "wall_s": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb(), **stats}
+            console.print(f"  {name}: {row['tokens']} tokens in {row['seconds']:.1f}s = "
+                          f"{row['tokens'] / row['seconds']:.0f} tokens/s, peak RSS {row['peak_rss_mb']:.0f} MB")
+            rows.append(row)
+            return row
+
+        def counts(st: dict) -> tuple[int, int]:
+            n_emb = tok.vocab_size * d  # the input embedding is a lookup, not a matmul
+            return st["total_params"] - n_emb, min(st["trainable_params"], st["total_params"] - n_emb)
+
+        def sft():
+            st = sft_train(pairs, folder, tmp / "sft", settings, epochs=1)
+            n, n_t = counts(st)
+            return {"tokens": st["tokens"], "seconds": st["train_s"],
+                    "flops": _flops(sum(pair_lens), sum(t * t for t in pair_lens), n, n_t, L, L_t, d, train=True)}
+
+        def critic():
+            st = train_critic(samples, folder, tmp / "critic", settings)
+            n, n_t = counts(st)  # its two small heads are counted as backbone parameters: a rounding error
+            return {"tokens": st["tokens"], "seconds": st["train_s"],
+                    "flops": _flops(st["tokens"], st["tokens_sq"], n, n_t, L, L_t, d, train=True)}
+
+        def actor():
+            st = train_actor(samples, folder, tmp / "actor", settings, critic_dir=tmp / "critic", progress=False)
+            n, n_t = counts(st)
+            secs = st["critic_s"] + st["ref_s"] + st["train_s"]
+            # the epochs and the reference pass; the critic-value precompute is in the seconds, not in the FLOPs
+            # (its distinct prompts are not reported), so the share is a lower bound
+            flops = (st["epochs"] * _flops(st["tokens"], st["tokens_sq"], n, n_t, L, L_t, d, train=True)
+                     + _flops(st["tokens"], st["tokens_sq"], n, n_t, L, L_t, d, train=False))
+            return {"tokens": int(st["epochs"] * st["tokens"]), "seconds": secs, "flops": flops,
+                    "critic_s": st["critic_s"], "ref_s": st["ref_s"], "train_s": st["train_s"]}
+
+        stage("sft", sft)
+        stage("critic", critic)
+        ours = stage("actor", actor)
+        result = {"model": folder, "dtype": m.dtype, "device": device, "peak_flops": peak, "layers": L,
+                  "trained_layers": L_t, "samples": len(samples)}
+        if official:
+            reset_peak_rss()
+            off = official_stage(samples, Path(folder), tmp / "critic", settings, settings.actor.lr)
+            result["official_actor_s"] = off["wall_s"]
+            result["ratio_actor"] = off["wall_s"] / ours["seconds"]
+            console.print(f"  official per-sample actor stage: {off['wall_s']:.1f}s, peak RSS {peak_rss_mb():.0f} MB;"
+                          f" ours {ours['seconds']:.1f}s -> {result['ratio_actor']:.2f}x")
+    for r in rows:
+        r["tokens_per_s"] = r["tokens"] / r["seconds"]
+        r["peak_share"] = r["flops"] / r["seconds"] / peak
+    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
+    result |= {"stages": rows, "tokens_per_s": tokens / seconds,
+               "peak_share": sum(r["flops"] for r in rows) / seconds / peak}
+    t = Table(title=f"training stages on {Path(folder).name} ({m.dtype}, {device}, peak {peak / 1e9:.0f} GFLOP/s)")
+    for col in ("stage", "tokens", "seconds", "tokens/s", "share of peak", "peak RSS MB"):
+        t.add_column(col, justify="left" if col == "stage" else "right")
+    for r in rows:
+        t.add_row(r["stage"], str(r["tokens"]), f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.0f}",
+                  f"{r['peak_share']:.0%}", f"{r['peak_rss_mb']:.0f}")
+    console.print(t)
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2, default=str))
+    print(f"tokens/s={result['tokens_per_s']:.0f} peak={100 * result['peak_share']:.0f}%")
+    return result

@@ -27,6 +27,8 @@ echo "[setup-vllm] installing $PKG"
 # the torchvision/torchaudio/torchcodec wheels PyPI resolves are CUDA builds that do not match the CPU torch and
 # break `import vllm` ("operator torchvision::nms does not exist"); serving a text model needs none of them
 "$VENV/bin/uv" pip uninstall --python "$VENV/bin/python" torchvision torchaudio torchcodec 2>/dev/null || true
+# bytecode once (PYTHONDONTWRITEBYTECODE would have every vLLM start compile the whole stack again; see setup.sh)
+"$VENV/bin/python" -m compileall -q -j 0 "$VENV"/lib/python3.*/site-packages >/dev/null 2>&1 || true
 rm -f "$VENV"/.webrl-vllm-*
 touch "$stamp"
 echo "[setup-vllm] done: $("$VENV/bin/python" -c 'import vllm, torch, transformers; print("vllm", vllm.__version__, "torch", torch.__version__, "transformers", transformers.__version__)')"

@@ -306,7 +306,10 @@ class RewardConfig(Section):
 class CriticConfig(Section):
     lr: float = Field(3e-4, gt=0, description="critic learning rate (1e-6 for 8B models in the paper)")
     epochs: float = Field(1.0, gt=0, description="critic epochs per phase (paper: 1)")
-    batch_size: int = Field(8, ge=1, description="critic micro-batch")
+    batch_size: int = Field(8, ge=1, description="prompts per critic optimizer step (x grad_accum)")
+    micro_batch_size: int | None = Field(
+        None, ge=1, description="prompts per forward pass (must divide batch_size; accumulation makes up the rest, "
+        "the step is the same). None: 1 on CPU, else batch_size")
     head_init_std: float | None = Field(0.2, description="std of the first two head Linears (official 0.2; ~1/sqrt(h) is calmer; null: PyTorch default)")
     max_grad_norm: float = Field(1.0, gt=0, description="critic gradient clipping (paper: 1.0)")
     grad_accum: int = Field(1, ge=1, description="critic gradient accumulation steps")

@@ -7,12 +7,13 @@ import torch
 from transformers import TrainingArguments
 
 from webrl_core.config import ActorTrainConfig, EmbeddedModelConfig, load_config
-from webrl_core.learn.critic import Critic
+from webrl_core.learn.critic import Critic, critic_examples
 from webrl_core.learn.models import (build_embedded_model, encode_prompt_action, left_pad, load_causal_lm, load_tokenizer,
                                train_embedded_tokenizer)
 from webrl_core.prompts import build_prompt
-from webrl_core.learn.training import (WebRLConfig, action_logprobs, actor_micro_batches, encode_samples, sequence_logprobs,
-                                 sft_train, train_actor, webrl_actor_loss)
+from webrl_core.learn.training import (WebRLConfig, action_logprobs, actor_micro_batches, critic_micro_batches,
+                                       encode_samples, sequence_logprobs, sft_train, train_actor, train_critic,
+                                       webrl_actor_loss)
 from webrl_core.learn.transitions import build_transitions
 
 T = torch.tensor
@@ -223,3 +224,24 @@ def test_micro_batches_with_accumulation_take_the_same_step_as_one_batch(tiny, t
     assert actor_micro_batches(_settings("models.device=cpu")) == (1, 4)  # the CPU default
     with pytest.raises(ValueError, match="actor.micro_batch_size=3 must divide actor.batch_size=4"):
         actor_micro_batches(_settings("actor.micro_batch_size=3"))
+
+
+def test_critic_micro_batches_with_accumulation_take_the_same_step_as_one_batch(tiny, tmp_path):
+    """critic.micro_batch_size changes how the weighted step is computed, not the step: each micro-batch's loss is
+    its share of the whole step's weighted mean (a per-micro-batch mean would weight prompts differently)."""
+    samples = _samples()
+    for s in samples[::2]:
+        s["mc_return"] = 0.0  # both labels; prompts seen as s and s' weigh 2, the others 1
+    n = len(critic_examples(samples))  # one optimizer step over every distinct prompt, whatever the order
+    assert len({e["weight"] for e in critic_examples(samples)}) == 2
+    weights = {}
+    for micro in (n, 1):
+        settings = _settings(f"critic.batch_size={n}", f"critic.micro_batch_size={micro}", "critic.lr=0.01")
+        assert critic_micro_batches(settings) == (micro, n // micro)
+        train_critic(samples, tiny["llama"], tmp_path / f"c{micro}", settings, max_steps=1)
+        weights[micro] = Critic.load(tmp_path / f"c{micro}", device="cpu").state_dict()
+    start = Critic.from_backbone(tiny["llama"], 0.2, 256, device="cpu", seed=0).state_dict()
+    assert max((weights[n][k] - start[k]).abs().max().item() for k in start) > 1e-3  # the step did something
+    for k in start:
+        assert torch.allclose(weights[n][k], weights[1][k], atol=1e-5), k
+    assert critic_micro_batches(_settings())[0] == 1  # the CPU default

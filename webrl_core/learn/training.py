@@ -196,6 +196,17 @@ def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_
                train_sampling_strategy="group_by_length", **extra)  # less padding; uses the "length" column
 
 
+def critic_micro_batches(settings) -> tuple[int, int]:
+    """(prompts per forward pass, accumulation steps) for ``critic.batch_size`` x ``critic.grad_accum`` prompts per
+    optimizer step; the default micro-batch is 1 on CPU, as for the actor (``webrl bench train --model``: SmolLM2's
+    critic stage at batch 8 held 8.6 GB and ran 133 tokens/s)."""
+    c = settings.critic
+    micro = c.micro_batch_size or (1 if resolve_device(settings.models.device).type == "cpu" else c.batch_size)
+    if c.batch_size % micro:
+        raise ValueError(f"critic.micro_batch_size={micro} must divide critic.batch_size={c.batch_size}")
+    return micro, c.grad_accum * (c.batch_size // micro)
+
+
 def actor_micro_batches(settings) -> tuple[int, int]:
     """(samples per forward pass, accumulation steps) for ``actor.batch_size`` x ``actor.grad_accum`` samples per
     optimizer step. On CPU the default micro-batch is 1: padded batches of mixed lengths cost more than they save
@@ -586,18 +597,21 @@ class CriticTrainer(Trainer):
 
     def __init__(self, *a, **kw):
         super().__init__(*a, **kw)
-        self.loss_is_scaled_for_ga = False
+        self.loss_is_scaled_for_ga = True  # each micro-batch's loss is already its share of the step (below)
+
+    def _get_num_items_in_batch(self, batch_samples: list, device) -> torch.Tensor:
+        """The optimizer step's n_samples = sum(w)/2 over ALL its micro-batches and ranks, so micro-batches with
+        accumulation, on any number of ranks, take exactly the step one process takes with the whole batch."""
+        local = sum(b["weight"].float().sum() for b in batch_samples).to(device)
+        total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
+        return total / 2.0
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         l1, l2 = model(inputs["input_ids"], inputs["attention_mask"])
-        n_samples = None  # one process: the micro-batch's own weight (critic_loss)
-        world = self.accelerator.num_processes
-        if world > 1:
-            # the weighted mean over the micro-batches of ALL ranks (x world: DDP averages the ranks' gradients), so
-            # N ranks of batch b take the step one process takes with batch N*b (a per-rank mean would weight them
-            # by rank instead of by sample)
-            total = self.accelerator.reduce(inputs["weight"].float().sum().detach(), reduction="sum")
-            n_samples = total / (2.0 * world)
+        n_samples = None  # outside a training step (evaluation): the micro-batch's own weight
+        if num_items_in_batch is not None:
+            # x world: DDP averages the ranks' gradients, and every rank divides by the global weight
+            n_samples = num_items_in_batch / self.accelerator.num_processes
         loss = critic_loss(l1, l2, inputs["labels"], inputs["weight"], n_samples=n_samples)
         return (loss, (l1, l2)) if return_outputs else loss
 
@@ -628,8 +642,9 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
             raise ValueError(f"critic sample {i}: missing field(s) {miss}")
     out_dir = Path(out_dir)
     c, models_cfg = settings.critic, settings.models
-    args = _trainer_args(TrainingArguments, out_dir, settings, c.lr, c.epochs, c.batch_size, c.grad_accum,
-                         c.max_grad_norm, max_steps)
+    micro, accum = critic_micro_batches(settings)
+    args = _trainer_args(TrainingArguments, out_dir, settings, c.lr, c.epochs, micro, accum, c.max_grad_norm,
+                         max_steps)
     load_dtype = training_dtype(models_cfg)  # float32 master weights, or a LoRA's frozen base in models.dtype
 
     def build(device):

@@ -159,6 +159,8 @@ def per_rank_settings(settings, kind: str, n: int) -> dict:
         c = d["critic"]
         c["batch_size"], c["grad_accum"] = _split(c["batch_size"], c["grad_accum"], n, "critic.batch_size",
                                                   "critic.grad_accum")
+        if c.get("micro_batch_size") and c["micro_batch_size"] > c["batch_size"]:
+            c["micro_batch_size"] = c["batch_size"]
     return d
 
 

@@ -1,6 +1,6 @@
 """What a run prints: our own progress lines and results; third-party output only when asked for.
 
-By default the progress bars and info logs of transformers, datasets, huggingface_hub and TRL are off, and
+By default the progress bars and info logs of transformers, datasets, huggingface_hub, TRL and MLflow are off, and
 deprecation warnings raised from inside libraries (which a user cannot act on) are filtered: in this process by
 ``quiet_libraries`` and in every subprocess a run starts through the environment variables it sets (``QUIET_ENV``,
 read by those libraries at import). ``webrl --verbose`` or ``WEBRL_VERBOSE=1`` keeps all of it.
@@ -8,6 +8,7 @@ read by those libraries at import). ``webrl --verbose`` or ``WEBRL_VERBOSE=1`` k
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -19,6 +20,7 @@ QUIET_ENV = {
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",   # datasets' map/filter bars (TRL's "Building labels", "Truncating")
     "TRANSFORMERS_VERBOSITY": "error",
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "MLFLOW_LOGGING_LEVEL": "WARNING",           # "Creating initial MLflow database tables..."
 }
 # Deprecation warnings attributed to these packages come from their own code, not from ours.
 LIBRARIES = ("transformers", "trl", "datasets", "accelerate", "peft", "torch", "huggingface_hub", "tokenizers",
@@ -45,6 +47,8 @@ def quiet_libraries(verbose: bool | None = None) -> None:
     for category in (DeprecationWarning, PendingDeprecationWarning, FutureWarning):
         warnings.filterwarnings("ignore", category=category, module=_LIBRARY_MODULES)
     # libraries imported before this call read the environment already: tell them directly
+    if "mlflow" in sys.modules:
+        logging.getLogger("mlflow").setLevel(logging.WARNING)
     if "huggingface_hub" in sys.modules:
         sys.modules["huggingface_hub"].utils.disable_progress_bars()
     if "transformers" in sys.modules:

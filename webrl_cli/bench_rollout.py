@@ -52,7 +52,6 @@ def register(app: typer.Typer) -> None:
         """Measure the rollout engine with a scripted policy (no model): the browser side alone; or, with
         --engine ray, a phase's rollout through Ray against the local engine."""
         from rich.console import Console
-        from rich.table import Table
 
         from webrl_core.config import load_config
 
@@ -81,7 +80,6 @@ def register(app: typer.Typer) -> None:
                       f"sites.workers={settings.sites.workers}, chromium={chromium_executable(cfg)}")
         rows = bench_rollout(target, ns, episodes, cfg=cfg, sites_workers=settings.sites.workers,
                              on_row=lambda r: console.print(f"  n_envs={r['n_envs']}: {r['steps_per_s']:.1f} steps/s"))
-        table = Table(title=f"webrl bench rollout ({target}, scripted policy)", padding=(0, 0))
         # short headers: the table must fit an 80-column terminal
         cols = [("n_envs", "n_envs", "{}"), ("eps", "episodes", "{}"), ("steps", "steps", "{}"),
                 ("steps/s", "steps_per_s", "{:.1f}"), ("eps/s", "episodes_per_s", "{:.2f}"),
@@ -89,19 +87,25 @@ def register(app: typer.Typer) -> None:
                 ("act p50", "action_p50_ms", "{:.0f}ms"), ("succ", "success", "{:.2f}"),
                 ("err", "errors", "{}"), ("PSS MB", "chromium_pss_mb", "{:.0f}"),
                 ("py MB", "python_rss_mb", "{:.0f}")]
-        for name, _, _ in cols:
-            table.add_column(name, justify="right")
-        for r in rows:
-            table.add_row(*[fmt.format(r[key]) for _, key, fmt in cols])
-        console.print(table)
+        console.print(_table(f"webrl bench rollout ({target}, scripted policy)", cols, rows))
         best = max(rows, key=lambda r: r["steps_per_s"])
         console.print(f"best: {best['steps_per_s']:.1f} env steps/s at n_envs={best['n_envs']} "
                       f"(target >= 10 steps/s)")
 
 
-def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int], episodes: int) -> None:
+def _table(title: str, cols: list[tuple[str, str, str]], rows: list[dict]):
+    """A rich table of ``rows``, one column per (header, key, format)."""
     from rich.table import Table
 
+    table = Table(title=title, padding=(0, 0))
+    for name, _, _ in cols:
+        table.add_column(name, justify="right")
+    for r in rows:
+        table.add_row(*[fmt.format(r[key]) for _, key, fmt in cols])
+    return table
+
+
+def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int], episodes: int) -> None:
     from webrl_core.bench.rollout import bench_model_rollout
     from webrl_core.config import load_config
 
@@ -115,16 +119,11 @@ def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int
                                on_row=lambda r: console.print(f"  n_envs={r['n_envs']}: {r['steps_per_s']:.2f} "
                                                               f"steps/s, policy alone "
                                                               f"{r['policy_only_steps_per_s']:.2f}"))
-    table = Table(title=f"webrl bench rollout --model {Path(str(m.actor)).name}", padding=(0, 0))
     cols = [("n_envs", "n_envs", "{}"), ("eps", "episodes", "{}"), ("steps", "steps", "{}"),
             ("steps/s", "steps_per_s", "{:.2f}"), ("policy-only", "policy_only_steps_per_s", "{:.2f}"),
             ("policy share", "policy_share", "{:.0%}"), ("obs p50", "obs_p50_ms", "{:.0f}ms"),
             ("succ", "success", "{:.2f}"), ("err", "errors", "{}"), ("py MB", "python_rss_mb", "{:.0f}")]
-    for name, _, _ in cols:
-        table.add_column(name, justify="right")
-    for r in rows:
-        table.add_row(*[fmt.format(r[key]) for _, key, fmt in cols])
-    console.print(table)
+    console.print(_table(f"webrl bench rollout --model {Path(str(m.actor)).name}", cols, rows))
     best = max(rows, key=lambda r: r["steps_per_s"])
     print(f"steps/s={best['steps_per_s']:.2f} policy_only={best['policy_only_steps_per_s']:.2f}")
 
@@ -132,8 +131,6 @@ def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int
 def _bench_ray(console, settings, target: str, n_envs: str | None, episodes: int, nodes: list[int],
                policies: list[str], servings: list[str], shard_size: int, cpus_per_node: int) -> None:
     import os
-
-    from rich.table import Table
 
     from webrl_core.bench.rollout import bench_engines
 
@@ -152,17 +149,12 @@ def _bench_ray(console, settings, target: str, n_envs: str | None, episodes: int
                          temperature=settings.policy.temperature, seed=settings.run.seed,
                          on_row=lambda r: console.print(f"  {r['engine']} nodes={r['nodes']} {r['policy']} "
                                                         f"{r['serving']}: {r['steps_per_s']:.2f} steps/s"))
-    table = Table(title="webrl bench rollout --engine ray: env steps/s of a phase's rollout", padding=(0, 0))
     # short headers and values: the table must fit an 80-column terminal
     cols = [("engine", "engine", "{}"), ("nodes", "nodes", "{}"), ("policy", "policy", "{}"),
             ("serving", "serving", "{}"), ("eps", "episodes", "{}"), ("steps", "steps", "{}"),
             ("wall s", "wall_s", "{:.1f}"), ("steps/s", "steps_per_s", "{:.2f}"), ("vs local", "vs_local", "{:.2f}x"),
             ("err", "errors", "{}"), ("start s", "cluster_start_s", "{:.0f}")]
-    for name, _, _ in cols:
-        table.add_column(name, justify="right")
-    for r in rows:
-        table.add_row(*[fmt.format(r[key]) for _, key, fmt in cols])
-    console.print(table)
+    console.print(_table("webrl bench rollout --engine ray: env steps/s of a phase's rollout", cols, rows))
     console.print("nodes: 0 = the local engine in this process (hf: torch's default threads, and 1 thread as in a "
                   "1-CPU Ray shard); start s = seconds to start the Ray nodes (not in wall s); vs local = steps/s "
                   "over the faster local row of the same policy")

@@ -41,16 +41,12 @@ def register(app: typer.Typer) -> None:
         matmul peak (in the run's dtype) measured in the same run, peak RSS per stage; last line
         `tokens/s=<n> peak=<p>%`. Without: the WebRL actor stage, our precompute + batched epoch vs the official
         per-sample recomputation, on the embedded tiny model (fp32)."""
-        import torch
-
         chars = tuple(int(x) for x in html_chars.split(","))
-        if threads:
-            torch.set_num_threads(threads)
         if model:
             from webrl_core.bench.train_model import run as run_model
 
             run_model(model, config, sets=set_, episodes=episodes or 8, steps=steps or 2, html_chars=chars,
-                      official=official, seed=seed, out=out)
+                      official=official, seed=seed, threads=threads, out=out)
             return
         from webrl_core.bench.train import run as run_train
         run_train(episodes=episodes or 16, steps=steps or 4, html_chars=chars,

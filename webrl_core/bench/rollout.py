@@ -76,7 +76,7 @@ def _target(target: str, episodes: int, seed: int, sites_workers: str = "process
     raise ValueError(f"unknown bench target {target!r}; allowed: miniwob, embedded")
 
 
-async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg) -> dict:
+async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg, keep_prompts: bool = False) -> dict:
     cfg = cfg.model_copy(update={"n_envs": n_envs})
     peak = {"pss": 0.0, "rss": 0.0}
     stop = asyncio.Event()
@@ -114,7 +114,8 @@ async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg) -> dic
             "action_p50_ms": 1000 * (statistics.median([s["action_s"] for s in steps]) if steps else float("nan")),
             "success": sum(bool(e["success"]) for e in eps) / max(1, len(eps)),
             "errors": sum(e["status"] == "error" for e in eps),
-            "chromium_pss_mb": peak["pss"], "python_rss_mb": peak["rss"], "prompts": [s["prompt"] for s in steps]}
+            "chromium_pss_mb": peak["pss"], "python_rss_mb": peak["rss"],
+            **({"prompts": [s["prompt"] for s in steps]} if keep_prompts else {})}
 
 
 def bench_rollout(target: str = "miniwob", n_envs_list: list[int] = (1, 4, 8, 16), episodes: int = 40,
@@ -127,7 +128,6 @@ def bench_rollout(target: str = "miniwob", n_envs_list: list[int] = (1, 4, 8, 16
     try:
         for n in n_envs_list:
             row = asyncio.run(_measure(tasks, policy, hooks, n, episodes, cfg))
-            row.pop("prompts")
             row["target"] = target
             rows.append(row)
             if on_row:
@@ -302,7 +302,7 @@ def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), epi
     rows = []
     try:
         for n in n_envs_list:
-            row = asyncio.run(_measure(tasks, policy, sites, n, episodes, settings.env))
+            row = asyncio.run(_measure(tasks, policy, sites, n, episodes, settings.env, keep_prompts=True))
             prompts = row.pop("prompts")
             t0 = time.perf_counter()
             for i in range(0, len(prompts), n):

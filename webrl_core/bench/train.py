@@ -46,15 +46,20 @@ from webrl_core.learn.training import actor_micro_batches, train_actor
 from webrl_core.learn.transitions import build_transitions
 
 
-def matmul_peak_flops(n: int = 2048, reps: int = 5, rounds: int = 3) -> float:
-    """Best fp32 FLOP/s of an n x n matmul on this machine now."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak_flops(n: int = 2048, reps: int = 5, rounds: int = 3, dtype: torch.dtype = torch.float32,
+                      device: str = "cpu") -> float:
+    """Best FLOP/s of an n x n matmul in ``dtype`` on ``device`` now."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     torch.matmul(a, b)  # warm-up
     best = 0.0
     for _ in range(rounds):
+        if device != "cpu":
+            torch.cuda.synchronize()
         t = time.perf_counter()
         for _ in range(reps):
             torch.matmul(a, b)
+        if device != "cpu":
+            torch.cuda.synchronize()
         best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t))
     return best
 

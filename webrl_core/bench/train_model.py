@@ -31,31 +31,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from webrl_core.bench.train import official_stage, synthetic_trajectories
+from webrl_core.bench.train import matmul_peak_flops, official_stage, synthetic_trajectories
 from webrl_core.config import load_config
-from webrl_core.learn.models import encode_prompt_action, load_tokenizer
+from webrl_core.learn.models import encode_prompt_action, load_tokenizer, torch_dtype
 from webrl_core.learn.training import sft_train, train_actor, train_critic
 from webrl_core.learn.transitions import build_transitions
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def matmul_peak(dtype: torch.dtype, device: str = "cpu", n: int = 2048, reps: int = 5, rounds: int = 5) -> float:
-    """Best FLOP/s of an n x n matmul in ``dtype`` on ``device`` now."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    torch.matmul(a, b)
-    best = 0.0
-    for _ in range(rounds):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(reps):
-            torch.matmul(a, b)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t))
-    return best
-
 
 def reset_peak_rss() -> None:
     try:
@@ -75,7 +55,7 @@ def _shape(folder: str) -> dict:
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(folder)
-    return {"layers": c.num_hidden_layers, "hidden": c.hidden_size}
+    return {"layers": c.num_hidden_layers, "hidden": c.hidden_size, "vocab": c.vocab_size}
 
 
 def _flops(tokens: float, tokens_sq: float, n: int, n_t: int, layers: int, layers_t: int, d: int,
@@ -86,14 +66,16 @@ def _flops(tokens: float, tokens_sq: float, n: int, n_t: int, layers: int, layer
 
 
 def run(model: str, config: str = "demo", sets: list[str] | None = None, episodes: int = 8, steps: int = 2,
-        html_chars: tuple[int, int] = (1500, 4000), official: bool = True, seed: int = 0,
+        html_chars: tuple[int, int] = (1500, 4000), official: bool = True, seed: int = 0, threads: int = 0,
         out: str | None = None) -> dict:
     console = Console()
+    if threads:
+        torch.set_num_threads(threads)
     settings = load_config(config, sets=[f"models.actor={model}", f"run.seed={seed}", *(sets or [])])
     m = settings.models
     folder = str(m.actor)
     device = "cuda" if m.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
-    peak = matmul_peak(DTYPES[m.dtype], device)
+    peak = matmul_peak_flops(rounds=5, dtype=torch_dtype(m.dtype), device=device)
     samples = build_transitions(synthetic_trajectories(episodes, steps, html_chars, seed), gamma=0.9)
     pairs = [(s["observation"], s["action"]) for s in samples]
     tok = load_tokenizer(folder)
@@ -119,7 +101,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
             return row
 
         def counts(st: dict) -> tuple[int, int]:
-            n_emb = tok.vocab_size * d  # the input embedding is a lookup, not a matmul
+            n_emb = shape["vocab"] * d  # the input embedding is a lookup, not a matmul
             return st["total_params"] - n_emb, min(st["trainable_params"], st["total_params"] - n_emb)
 
         def sft():
@@ -148,7 +130,8 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
         stage("sft", sft)
         stage("critic", critic)
         ours = stage("actor", actor)
-        peak = max(peak, matmul_peak(DTYPES[m.dtype], device))  # re-measured after the stages: the best is the peak
+        # re-measured after the stages: the best rate is the peak
+        peak = max(peak, matmul_peak_flops(rounds=5, dtype=torch_dtype(m.dtype), device=device))
         result = {"model": folder, "dtype": m.dtype, "device": device, "peak_flops": peak, "layers": L,
                   "trained_layers": L_t, "samples": len(samples)}
         if official:

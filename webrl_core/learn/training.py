@@ -196,26 +196,25 @@ def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_
                train_sampling_strategy="group_by_length", **extra)  # less padding; uses the "length" column
 
 
-def critic_micro_batches(settings) -> tuple[int, int]:
-    """(prompts per forward pass, accumulation steps) for ``critic.batch_size`` x ``critic.grad_accum`` prompts per
-    optimizer step; the default micro-batch is 1 on CPU, as for the actor (``webrl bench train --model``: SmolLM2's
-    critic stage at batch 8 held 8.6 GB and ran 133 tokens/s)."""
-    c = settings.critic
-    micro = c.micro_batch_size or (1 if resolve_device(settings.models.device).type == "cpu" else c.batch_size)
-    if c.batch_size % micro:
-        raise ValueError(f"critic.micro_batch_size={micro} must divide critic.batch_size={c.batch_size}")
-    return micro, c.grad_accum * (c.batch_size // micro)
+def _micro_batches(section, name: str, models_device: str) -> tuple[int, int]:
+    """(items per forward pass, accumulation steps) for ``batch_size`` x ``grad_accum`` items per optimizer step of
+    a config section. On CPU the default micro-batch is 1: padded batches of mixed lengths cost more than they save
+    there (``webrl bench train``; SmolLM2's critic at batch 8 held 8.6 GB and ran 133 vs 227 tokens/s, ``webrl bench
+    train --model``); on an accelerator the whole batch goes in one pass."""
+    micro = section.micro_batch_size or (1 if resolve_device(models_device).type == "cpu" else section.batch_size)
+    if section.batch_size % micro:
+        raise ValueError(f"{name}.micro_batch_size={micro} must divide {name}.batch_size={section.batch_size}")
+    return micro, section.grad_accum * (section.batch_size // micro)
 
 
 def actor_micro_batches(settings) -> tuple[int, int]:
-    """(samples per forward pass, accumulation steps) for ``actor.batch_size`` x ``actor.grad_accum`` samples per
-    optimizer step. On CPU the default micro-batch is 1: padded batches of mixed lengths cost more than they save
-    there (``webrl bench train``); on an accelerator the whole batch goes in one pass."""
-    a = settings.actor
-    micro = a.micro_batch_size or (1 if resolve_device(settings.models.device).type == "cpu" else a.batch_size)
-    if a.batch_size % micro:
-        raise ValueError(f"actor.micro_batch_size={micro} must divide actor.batch_size={a.batch_size}")
-    return micro, a.grad_accum * (a.batch_size // micro)
+    """``_micro_batches`` of the ``actor`` section (samples)."""
+    return _micro_batches(settings.actor, "actor", settings.models.device)
+
+
+def critic_micro_batches(settings) -> tuple[int, int]:
+    """``_micro_batches`` of the ``critic`` section (distinct prompts)."""
+    return _micro_batches(settings.critic, "critic", settings.models.device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -599,12 +598,14 @@ class CriticTrainer(Trainer):
         super().__init__(*a, **kw)
         self.loss_is_scaled_for_ga = True  # each micro-batch's loss is already its share of the step (below)
 
-    def _get_num_items_in_batch(self, batch_samples: list, device) -> torch.Tensor:
-        """The optimizer step's n_samples = sum(w)/2 over ALL its micro-batches and ranks, so micro-batches with
-        accumulation, on any number of ranks, take exactly the step one process takes with the whole batch."""
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device) -> tuple[list, torch.Tensor]:
+        """The optimizer step's micro-batches, with its n_samples = sum(w)/2 over ALL of them and all ranks, so
+        micro-batches with accumulation, on any number of ranks, take exactly the step one process takes with the
+        whole batch."""
+        batch_samples, _ = super().get_batch_samples(epoch_iterator, num_batches, device)
         local = sum(b["weight"].float().sum() for b in batch_samples).to(device)
         total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
-        return total / 2.0
+        return batch_samples, total / 2.0
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         l1, l2 = model(inputs["input_ids"], inputs["attention_mask"])
@@ -676,9 +677,10 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
         full.save(out_dir)
     trainer.accelerator.wait_for_everyone()
     labels = [e["label"] for e in examples]
+    lengths = [r["length"] for r in rows]
     return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
             "train_s": round(train_s, 3), "train_loss": result.training_loss, "steps": result.global_step,
-            "tokens": int(sum(len(x) for x in ids) * c.epochs), "tokens_sq": int(sum(len(x) ** 2 for x in ids) * c.epochs),
+            "tokens": int(sum(lengths) * c.epochs), "tokens_sq": int(sum(n * n for n in lengths) * c.epochs),
             **counts, "loss_curve": _loss_curve(trainer)}
 
 

@@ -120,7 +120,8 @@ def test_a_killed_stage_leaves_no_engine_behind(tmp_path):
     url = proc.stdout.readline().strip()
     assert url.startswith("http://127.0.0.1:"), url
     assert port_open(url)
-    engines = subprocess.run(["pgrep", "-f", "webrl_core.agent.serve_hf"], capture_output=True, text=True).stdout.split()
+    engines = subprocess.run(["pgrep", "-f", f"webrl_core.agent.serve_hf --model {tmp_path}"], capture_output=True,
+                             text=True).stdout.split()  # this test's engine only: others may run beside it
     assert engines
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

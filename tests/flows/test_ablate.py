@@ -4,13 +4,13 @@ variant, the table, the plot and Fig. 5's verdict; a fork onto another bootstrap
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from shared_prefect import prefect_env
 from webrl_core.experiments import ablation
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.runs.store import TrajectoryStore
@@ -20,13 +20,11 @@ WEBRL = str(Path(sys.executable).parent / "webrl")
 
 
 def test_ablation_shares_one_bootstrap_and_reports_every_variant(tmp_path):
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / ".prefect-results"), TOKENIZERS_PARALLELISM="false")
-    for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
-        env.pop(k, None)
+    env = prefect_env(tmp_path)
     root = tmp_path / "abl"
     r = subprocess.run([WEBRL, "ablate", "--config", "smoke", "--phases", "1", "--seeds", "0",
-                        "--run-dir", str(root), "--set", f"run.root={tmp_path}", "--set", "bootstrap.n_shards=1"],
+                        "--run-dir", str(root), "--set", f"run.root={tmp_path}", "--set", "bootstrap.n_shards=1",
+                        "--set", "eval.max_tasks=3"],  # 4 evaluations (the bootstrap, 3 variants): a stratified 3 each
                        env=env, capture_output=True, text=True, timeout=1700)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     seed = root / "seed=0"

@@ -1,5 +1,5 @@
-"""End-to-end flow tests on the `smoke` config: real Prefect (ephemeral API and a real server + worker),
-real Chromium against the embedded sites, real DuckDB store, real MLflow store.
+"""End-to-end flow tests on the `smoke` config: real Prefect (the session's server from tests/flows/conftest.py, and
+a server + worker of its own for the deployment run), real Chromium against the embedded sites, real DuckDB store, real MLflow store.
 
 One session fixture runs the bootstrap and phase 1 once; the tests then check caching, a knob change,
 reproduction, kill-and-resume and a deployment run against that run directory.
@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 import time
@@ -20,38 +19,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shared_prefect import prefect_env, task_states
 from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 WEBRL = str(Path(sys.executable).parent / "webrl")
 
 
-def _env(root: Path) -> dict:
-    env = dict(os.environ, PREFECT_HOME=str(root / ".prefect"),
-               PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(root / ".prefect-results"),
-               PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENIZERS_PARALLELISM="false")
-    for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):  # ephemeral Prefect API, MLflow store in the run dir
-        env.pop(k, None)
-    return env
-
-
 def _webrl(root: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    r = subprocess.run([WEBRL, *args], env=_env(root), capture_output=True, text=True, timeout=timeout)
+    r = subprocess.run([WEBRL, *args], env=prefect_env(root), capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise AssertionError(f"webrl {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}")
     return r
-
-
-def _task_states(root: Path, flow_name: str) -> dict[str, str]:
-    """State of every task run of the latest run of `flow_name`, from the Prefect database."""
-    con = sqlite3.connect(root / ".prefect" / "prefect.db")
-    try:
-        fr = con.execute("""SELECT flow_run.id FROM flow_run JOIN flow ON flow.id = flow_run.flow_id
-                            WHERE flow.name = ? ORDER BY flow_run.created DESC LIMIT 1""", (flow_name,)).fetchone()
-        rows = con.execute("SELECT name, state_name FROM task_run WHERE flow_run_id = ?", (fr[0],)).fetchall()
-    finally:
-        con.close()
-    return {name: state for name, state in rows}
 
 
 def _target(p: Path) -> str:
@@ -114,7 +93,7 @@ def test_rerun_is_all_cache_hits_with_identical_artifacts(smoke_run):
     t0 = time.perf_counter()
     _webrl(root, "phase", "--config", str(cfg), "--phase", "1")
     wall = time.perf_counter() - t0
-    states = _task_states(root, "webrl-phase")
+    states = task_states("webrl-phase")
     assert states and all(s == "Cached" for s in states.values()), states
     assert {n: _target(run / "models" / "phase=1" / n) for n in ("actor", "critic")} == before
     print(f"cached re-run of phase 1: {wall:.1f} s")
@@ -127,7 +106,7 @@ def test_changing_the_replay_window_reruns_only_downstream(smoke_run):
     samples_before = _target(run / "data" / "phase=1" / "samples.jsonl")
     actor_before = sha256_path(run / "models" / "phase=1" / "actor")
     _webrl(root, "phase", "--config", str(cfg), "--phase", "1", "--set", "replay.low=0.05")
-    states = _task_states(root, "webrl-phase")
+    states = task_states("webrl-phase")
     upstream = [n for n in states if n.split("-")[0] in ("generate", "filter", "materialise", "rollout", "orm", "build")]
     assert upstream and all(states[n] == "Cached" for n in upstream), states
     assert [states[n] for n in states if n.startswith("replay-selection")] == ["Completed"], states
@@ -140,7 +119,7 @@ def test_changing_the_replay_window_reruns_only_downstream(smoke_run):
     assert ev == ("Completed" if actor_changed else "Cached"), (actor_changed, states)
     # the default window again: everything comes back from the cache
     _webrl(root, "phase", "--config", str(cfg), "--phase", "1")
-    assert all(s == "Cached" for s in _task_states(root, "webrl-phase").values())
+    assert all(s == "Cached" for s in task_states("webrl-phase").values())
 
 
 def test_evaluations_of_two_models_in_one_run_dir_never_mix(smoke_run):
@@ -179,7 +158,7 @@ def test_reproduce_matches(smoke_run):
 def test_killed_phase_resumes_without_loss_or_duplicates(smoke_run):
     root, cfg, run = smoke_run
     store = TrajectoryStore(run)
-    proc = subprocess.Popen([WEBRL, "phase", "--config", str(cfg), "--phase", "2"], env=_env(root),
+    proc = subprocess.Popen([WEBRL, "phase", "--config", str(cfg), "--phase", "2"], env=prefect_env(root),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.time() + 900
     while time.time() < deadline and proc.poll() is None:

@@ -19,15 +19,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 TINY = {
     "extends": "smoke",
     "env": {"n_envs": 2, "max_steps": 3},
-    "models": {"actor": "smollm2-135m-instruct", "train_layers": 1, "max_length": 512},  # prompts are cut (~700)
-    "bootstrap": {"demo_tasks": 3, "rollout_tasks": 3, "random_tasks": 2, "n_shards": 1, "sft_epochs": 1,
+    "models": {"actor": "smollm2-135m-instruct", "train_layers": 1, "max_length": 384},  # prompts are cut (~700 tokens)
+    "bootstrap": {"demo_tasks": 3, "rollout_tasks": 2, "random_tasks": 2, "n_shards": 1, "sft_epochs": 1,
                   "sft_lr": 1.0e-4, "sft_loss": "completion"},
     "orm": {"epochs": 1, "lr": 5.0e-5, "max_html_chars": 800, "batch_size": 2},
     "reward": {"source": "orm"},  # the ORM labels the phase's episodes (its tokenizer splits YES)
     "replay": {"low": 0.0},       # a briefly fine-tuned model: every earlier success may be replayed
     "actor": {"lr": 1.0e-5, "batch_size": 2},
     "critic": {"lr": 1.0e-4, "batch_size": 2},
-    "policy": {"max_new_tokens": 32, "batch_size": 4},
+    "policy": {"max_new_tokens": 24, "batch_size": 4},
     "curriculum": {"tasks_per_phase": 2},
     "eval": {"max_tasks": 2},
 }

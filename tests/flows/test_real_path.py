@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from shared_prefect import prefect_env
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.runs.store import TrajectoryStore
 
@@ -39,9 +40,8 @@ def _run(cwd: Path, env: dict, *args: str, timeout: int = 1200) -> str:
 @pytest.fixture
 def served_sites(tmp_path):
     """`webrl sites serve` in its own process; the env vars a WebArena user sets, pointing at it."""
-    env = dict(os.environ, PREFECT_HOME=str(tmp_path / ".prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(tmp_path / ".prefect-results"), TOKENIZERS_PARALLELISM="false")
-    for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI", "SHOPPING", "SHOPPING_ADMIN", "GITLAB", "REDDIT", "MAP"):
+    env = prefect_env(tmp_path)
+    for k in ("SHOPPING", "SHOPPING_ADMIN", "GITLAB", "REDDIT", "MAP"):  # the served sites', not the shell's
         env.pop(k, None)
     proc = subprocess.Popen([WEBRL, "sites", "serve"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -60,8 +60,10 @@ def served_sites(tmp_path):
         proc.wait(timeout=30)
 
 
-def _engines() -> list[str]:
-    return subprocess.run(["pgrep", "-f", "webrl_core.agent.serve_hf"], capture_output=True, text=True).stdout.split()
+def _engines(folder: Path) -> list[str]:
+    """Our engines serving a model from `folder` (other tests may run engines of their own at the same time)."""
+    return subprocess.run(["pgrep", "-f", f"webrl_core.agent.serve_hf --model {folder}"], capture_output=True,
+                          text=True).stdout.split()
 
 
 def test_webarena_local_closes_the_phase_loop(tmp_path, served_sites):
@@ -96,4 +98,4 @@ def test_webarena_local_closes_the_phase_loop(tmp_path, served_sites):
         assert report["actor_n_train"] > 0 and report["critic_steps"] > 0 and report["replay_kept"] > 0
     logs = sorted(p.name for p in (run / "serving").iterdir())
     assert logs == sorted(f"webrl-{a.sha256[:12]}.log" for a in actors)
-    assert not _engines()
+    assert not _engines(tmp_path)

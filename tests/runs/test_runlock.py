@@ -28,10 +28,13 @@ def _holder(rd: Path, flow: str = "webrl-phase", phase: int | None = 2, fork: bo
         runlock.acquire({str(rd)!r}, {flow!r}, {phase!r})
         child = 0
         if {fork!r}:
+            r, w = os.pipe()
             child = os.fork()
             if child == 0:  # a forked helper (a DataLoader worker, a multiprocessing pool) that outlives its parent
+                os.write(w, b"up")  # Python code runs in the child only after its fork hooks have run
                 time.sleep(120)
                 os._exit(0)
+            os.read(r, 2)  # "held" only once the child runs: on a loaded box it may not have been scheduled yet
         print("held", child, flush=True)
         time.sleep(120)
     """)

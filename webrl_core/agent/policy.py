@@ -22,8 +22,8 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import openai
 import torch
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -36,6 +36,9 @@ from webrl_core.config import ModelsConfig, PolicyConfig
 from webrl_core.learn.models import (encode_prompt, left_pad, load_causal_lm, load_tokenizer, resolve_device,
                                stop_token_id)
 from webrl_core.prompts import STOP_TOKEN, build_chat_messages, check_compat
+
+if TYPE_CHECKING:
+    import openai
 
 
 class HFPolicy:
@@ -150,11 +153,15 @@ class OpenAIPolicy:
     def _client(self) -> openai.AsyncOpenAI:
         """An SDK client for one ``act`` call (its connections belong to the calling event loop). ``retries`` counts
         tries, the SDK's ``max_retries`` the ones after the first."""
+        import openai  # here: a second of import that only the served-policy path needs
+
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key or "EMPTY", timeout=self.timeout_s,
                                   max_retries=max(self.retries - 1, 0))
 
     async def _one(self, client: openai.AsyncOpenAI, sem: asyncio.Semaphore, prompt: str,
                    ctx: StepContext | None) -> str:
+        import openai
+
         path, body = self._request(prompt, ctx)
         create = (client.chat.completions if self.style == "chat" else client.completions).with_raw_response.create
         async with sem:
@@ -184,6 +191,8 @@ def served_model_card(base_url: str | None, model_name: str | None, api_key_env:
     """The model card an OpenAI-compatible endpoint lists for ``model_name`` (``GET /models``), every field kept:
     our own server reports the checkpoint's sha256 (``webrl_digest``), vLLM and SGLang the weights' folder
     (``root``)."""
+    import openai
+
     if not base_url or "://" not in base_url:
         raise ValueError(f"policy.base_url={base_url!r} is not a URL like http://127.0.0.1:8000/v1")
     if not model_name:

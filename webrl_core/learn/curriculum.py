@@ -29,7 +29,6 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
-import openai
 
 from webrl_core.env.webarena import make_generated_task_config
 
@@ -119,6 +118,8 @@ class ChatGenerator:
     retries: int = 0  # tries after a failed one (timeouts, connection errors, 429, 5xx; the SDK's max_retries)
 
     def complete(self, prompt: str) -> str:
+        import openai  # here: a second of import that only a served generator needs
+
         url = self.base_url.rstrip("/")
         try:
             # no api_key: no Authorization header (the SDK insists on a key, so it gets one it never sends)

@@ -1,14 +1,22 @@
 """The flow tests' one Prefect server per session (started by conftest.py): the environment of a `webrl` command
-that talks to it, and the task states it recorded. A module of its own name: test modules import from it.
+that talks to it, the task states it recorded, and a free port for the servers these tests start. A module of its own
+name: test modules import from it.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 
 API_ENV = "WEBRL_TEST_PREFECT_API_URL"  # set by conftest.prefect_api, read by prefect_env, nothing else
 FINAL = {"Completed", "Cached", "Failed", "Crashed", "Cancelled"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def prefect_env(root, **extra: str) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """End-to-end flow tests on the `smoke` config: real Prefect (the session's server from tests/flows/conftest.py, and
-a server + worker of its own for the deployment run), real Chromium against the embedded sites, real DuckDB store, real MLflow store.
+a server + worker of its own for the deployment run), real Chromium against the embedded sites, real DuckDB store,
+real MLflow store.
 
 One session fixture runs the bootstrap and phase 1 once; the tests then check caching, a knob change,
 reproduction, kill-and-resume and a deployment run against that run directory.
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared_prefect import prefect_env, task_states
+from shared_prefect import free_port, prefect_env, task_states
 from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -183,12 +183,6 @@ def test_killed_phase_resumes_without_loss_or_duplicates(smoke_run):
     assert (run / "models" / "phase=2" / "actor").exists()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_deployment_run_on_a_real_prefect_server(smoke_run):
     import mlflow
 
@@ -198,7 +192,7 @@ def test_deployment_run_on_a_real_prefect_server(smoke_run):
     client = mlflow.MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
     exp = client.get_experiment_by_name("webrl")
     n_before = len(client.search_runs([exp.experiment_id], "attributes.run_name = 'webrl-phase-1'"))
-    stack = PrefectStack(root / "server-home", port=_free_port(), worker_poll_s=1, run_root=root)
+    stack = PrefectStack(root / "server-home", port=free_port(), worker_poll_s=1, run_root=root)
     try:
         stack.start_server()
         stack.deploy()

@@ -22,16 +22,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shared_prefect import free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 PREFECT, WEBRL = str(BIN / "prefect"), str(BIN / "webrl")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +40,7 @@ def server(tmp_path_factory):
     # inherits this process's environment.
     mp.setenv("PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS", "2")
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
-    stack = PrefectStack(root / "server-home", port=_free_port(), worker_poll_s=1, run_root=root)
+    stack = PrefectStack(root / "server-home", port=free_port(), worker_poll_s=1, run_root=root)
     t0 = time.perf_counter()
     try:
         stack.start_server()

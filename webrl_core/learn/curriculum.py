@@ -29,7 +29,6 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
-
 from webrl_core.env.webarena import make_generated_task_config
 
 SITE_LABELS = {"shopping": "an online shop (OneStopMarket)", "shopping_admin": "the admin panel of an online shop",

@@ -1,5 +1,5 @@
-"""``webrl-ablate``: the paper's Fig. 5 ablation as a flow. For each seed: one bootstrap, forked into one run dir per
-variant (``webrl_core.experiments.ablation``), then N phases per variant, each phase the ``webrl-phase`` flow (cached like any
+"""``webrl-ablate``: the paper's Fig. 5 ablation as a flow. For each seed: one bootstrap (or the phase 0 of an existing
+run, ``bootstrap_dir``), forked into one run dir per variant (``webrl_core.experiments.ablation``), then N phases per variant, each phase the ``webrl-phase`` flow (cached like any
 other run). A variant whose phase has nothing to learn from (``NoTrainingData``: e.g. without replay and without a
 single success) or nothing to evolve from (``NoSeedTasks``) stops there; the table names where and why. Ends with
 the table (mean and range over seeds per variant and phase), the plot, and whether Fig. 5's order holds, saved in
@@ -23,20 +23,26 @@ from webrl_core.pipeline.updates import NoTrainingData
 @flow(name="webrl-ablate", log_prints=True)
 def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None = None,
                  variants: list[str] | None = None, run_dir: str | None = None,
-                 overrides: list[str] | None = None) -> dict:
-    """WebRL vs without replay vs without KL and replay, ``phases`` phases, every seed in ``seeds``."""
+                 overrides: list[str] | None = None, bootstrap_dir: str | None = None) -> dict:
+    """WebRL vs without replay vs without KL and replay, ``phases`` phases, every seed in ``seeds``; with
+    ``bootstrap_dir``, every variant forks that run's phase 0 instead of a bootstrap of its own."""
     seeds = [0, 1] if seeds is None else list(seeds)
     variants = list(ablation.VARIANTS) if variants is None else list(variants)
     extra = {v: ablation.variant_overrides(v) for v in variants}  # unknown names fail before any work
     overrides = list(overrides or [])
     settings = load_config(config, sets=overrides)
     root = Path(run_dir or f"{settings.run_dir()}-ablate").resolve()
+    if bootstrap_dir:
+        ablation.check_shared_bootstrap(bootstrap_dir, settings, seeds)
     log = get_run_logger()
     stops: list[dict] = []
     for seed in seeds:
         seed_sets = [*overrides, f"run.seed={seed}"]
-        boot = root / f"seed={seed}" / "bootstrap"
-        webrl_bootstrap(config, str(boot), seed_sets)
+        if bootstrap_dir:
+            boot = Path(bootstrap_dir).resolve()
+        else:
+            boot = root / f"seed={seed}" / "bootstrap"
+            webrl_bootstrap(config, str(boot), seed_sets)
         for v in variants:
             vdir = root / f"seed={seed}" / v
             ablation.fork_bootstrap(boot, vdir)
@@ -57,7 +63,8 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
     report.write_text(f"# WebRL ablation ({config}, seeds {seeds}, {phases} phases)\n\nHeld-out test success (%), "
                       f"mean over seeds (min-max):\n\n{table}\n{order}\n")
     with tracking.start_run(root, "webrl-ablate", config={"config": config, "phases": phases, "seeds": seeds,
-                                                          "variants": variants, "overrides": overrides},
+                                                          "variants": variants, "overrides": overrides,
+                                                          "bootstrap_dir": bootstrap_dir},
                             experiment=settings.tracking.experiment, configured_uri=settings.tracking.mlflow_uri):
         for s in summary:
             tracking.log_metrics({f"{s['variant']}_success_mean": s["mean"], f"{s['variant']}_success_min": s["min"],

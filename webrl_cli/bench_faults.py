@@ -12,6 +12,8 @@ def register(app: typer.Typer) -> None:
                                    "generate, rollout, orm, replay, critic, actor, eval, chromium, sites"),
         root: str = typer.Option("", "--root", help="work folder (default: a new temporary one); a root that "
                                  "holds a bootstrap for the same config reuses it"),
+        bootstrap: str = typer.Option("", "--bootstrap", help="an existing run dir whose phase 0 the rows fork "
+                                      "instead of a bootstrap of their own"),
         keep: bool = typer.Option(False, "--keep", help="keep every row's run directory (failed rows are always kept)"),
         config: str = typer.Option("smoke", "--config", "-c", help="config the phases run with"),
         set_: list[str] = typer.Option([], "--set", "-s", help="section.key=value overrides for every run"),
@@ -41,15 +43,17 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(e)) from None
         own = not root
         work = Path(root or tempfile.mkdtemp(prefix="webrl-faults-"))
-        console.print(f"fault matrix on config {config!r} in {work}: bootstrap once, a clean phase 1, then "
-                      f"{len(chosen)} fault(s), each from the same bootstrap")
+        console.print(f"fault matrix on config {config!r} in {work}: "
+                      + (f"phase 0 of {bootstrap}" if bootstrap else "bootstrap once")
+                      + f", a clean phase 1, then {len(chosen)} fault(s), each from the same phase 0")
 
         def on_row(r: dict) -> None:
             mark = "[green]PASS[/]" if r["ok"] else f"[red]FAIL[/] {r['why']}"
             console.print(f"  {r['fault']}: {r['injected']}; {recovery(r)}; {mark}")
 
         res = run_matrix(work, chosen, config=config, sets=set_, keep=keep, fraction=fraction,
-                         weight_tol=weight_tol, timeout_s=timeout_s, log=console.print, on_row=on_row)
+                         weight_tol=weight_tol, timeout_s=timeout_s, log=console.print, on_row=on_row,
+                         bootstrap_from=bootstrap or None)
         table = Table(title=f"webrl bench faults ({config}; clean phase 1: {res['clean_s']:.0f} s)", show_lines=True)
         for name in ("fault", "injected", "recovery", "checks", "result"):
             table.add_column(name, overflow="fold")

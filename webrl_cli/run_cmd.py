@@ -73,7 +73,7 @@ def print_table(run_dir: str) -> None:
 def demo(config: str = typer.Option("demo", help="config (path or packaged name)"),
          set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
     """Bootstrap + WebRL phases + evaluation on the embedded sites; ends with the per-site success table."""
-    s = _load(config, set_, "train")
+    _load(config, set_, "train")
     from flows.webrl import webrl_train
 
     t0 = time.perf_counter()
@@ -95,6 +95,9 @@ def ablate(config: str = typer.Option("demo", help="config"),
            variants: str = typer.Option("webrl,no-replay,no-kl-no-replay",
                                         help="comma-separated variants (webrl_core.experiments.ablation.VARIANTS)"),
            run_dir: Optional[str] = typer.Option(None, help="ablation directory (default <run.root>/<run.name>-ablate)"),
+           bootstrap: Optional[str] = typer.Option(
+               None, help="an existing run dir whose phase 0 every variant forks instead of a bootstrap of its own "
+               "(one seed, the run's; the same eval settings)"),
            set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
     """The paper's Fig. 5 ablation: WebRL vs without replay vs without KL and replay, from one bootstrap per seed;
     prints the table (mean and range over seeds) and writes the plot."""
@@ -104,11 +107,17 @@ def ablate(config: str = typer.Option("demo", help="config"),
     for v in chosen:
         ablation.variant_overrides(v)  # an unknown name fails before Prefect starts
     seed_list = [int(x) for x in seeds.split(",") if x.strip()]
-    _load(config, set_)
+    settings = _load(config, set_)
+    if bootstrap:
+        try:  # a misfit bootstrap fails before Prefect starts
+            ablation.check_shared_bootstrap(bootstrap, settings, seed_list)
+        except ablation.ForkError as e:
+            typer.echo(str(e), err=True)
+            raise typer.Exit(2)
     from flows.ablate import webrl_ablate
 
     out = webrl_ablate(config=config, phases=phases, seeds=seed_list, variants=chosen, run_dir=run_dir,
-                       overrides=set_)
+                       overrides=set_, bootstrap_dir=bootstrap)
     typer.echo(ablation.markdown(out["summary"]) + out["order"])
     typer.echo(f"plot: {out['plot']}")
 

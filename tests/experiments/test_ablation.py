@@ -97,3 +97,20 @@ def test_summary_table_verdict_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="unknown ablation variant 'no-kl'"):
         ablation.variant_overrides("no-kl")
+
+
+def test_an_existing_run_as_the_bootstrap_must_fit_the_ablation(tmp_path):
+    from webrl_core.config import load_config
+    from webrl_core.pipeline.validate import record_config
+
+    boot = _bootstrap(tmp_path / "boot")
+    with pytest.raises(ablation.ForkError, match="no phase-0 actor or no config.yaml"):
+        ablation.check_shared_bootstrap(boot, load_config("smoke"), [0])
+    record_config(boot, load_config("smoke", sets=["run.seed=3"]))
+    ablation.check_shared_bootstrap(boot, load_config("smoke", sets=["replay.low=0.1"]), [3])  # phases may differ
+    with pytest.raises(ablation.ForkError, match=r"run.seed is 3.*--seeds 3"):
+        ablation.check_shared_bootstrap(boot, load_config("smoke"), [0, 3])
+    with pytest.raises(ablation.ForkError, match=r"eval.max_tasks is 6 .* but 3"):
+        ablation.check_shared_bootstrap(boot, load_config("smoke", sets=["eval.max_tasks=3"]), [3])
+    with pytest.raises(ablation.ForkError, match="no phase-0 actor"):
+        ablation.check_shared_bootstrap(tmp_path / "empty", load_config("smoke"), [0])

@@ -1,4 +1,7 @@
-"""One real Prefect server for the flow tests of a session: their `webrl` commands talk to it
+"""The flow tests' session fixtures: one real Prefect server, and one smoke run (bootstrap + phase 1) that the tests
+of test_flows.py check and re-run and that the ablation and the fault row fork their phase 0 from.
+
+One real Prefect server for the flow tests of a session: their `webrl` commands talk to it
 through PREFECT_API_URL instead of each starting Prefect's temporary server. That start is the largest fixed cost of
 a command here: a one-task flow took 16.0 s with the temporary server and 4.6 s against a running one (2 cores).
 The temporary server, what a user's `webrl bootstrap` gets with no PREFECT_API_URL, stays covered by the fault row
@@ -11,8 +14,9 @@ import os
 import time
 
 import pytest
+import yaml
 
-from shared_prefect import API_ENV, free_port
+from shared_prefect import API_ENV, free_port, webrl
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -30,3 +34,17 @@ def prefect_api(tmp_path_factory):
     finally:
         os.environ.pop(API_ENV, None)
         stack.stop()
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory, prefect_api):
+    """`webrl bootstrap` and `webrl phase --phase 1` on the smoke config: (root, config file, run dir)."""
+    root = tmp_path_factory.mktemp("flows")
+    cfg = root / "smoke.yaml"
+    cfg.write_text(yaml.safe_dump({"extends": "smoke", "run": {"name": "smoke", "root": str(root)}}))
+    run = root / "smoke"
+    t0 = time.perf_counter()
+    webrl(root, "bootstrap", "--config", str(cfg))
+    webrl(root, "phase", "--config", str(cfg), "--phase", "1")
+    print(f"bootstrap + phase 1: {time.perf_counter() - t0:.0f} s")
+    return root, cfg, run

@@ -1,16 +1,20 @@
 """The flow tests' one Prefect server per session (started by conftest.py): the environment of a `webrl` command
-that talks to it, the task states it recorded, and a free port for the servers these tests start. A module of its own
-name: test modules import from it.
+that talks to it, running such a command, the task states it recorded, and a free port for the servers these tests
+start. A module of its own name: test modules import from it.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 API_ENV = "WEBRL_TEST_PREFECT_API_URL"  # set by conftest.prefect_api, read by prefect_env, nothing else
 FINAL = {"Completed", "Cached", "Failed", "Crashed", "Cancelled"}
+WEBRL = str(Path(sys.executable).parent / "webrl")
 
 
 def free_port() -> int:
@@ -27,6 +31,14 @@ def prefect_env(root, **extra: str) -> dict[str, str]:
                PREFECT_SERVER_ANALYTICS_ENABLED="false", TOKENIZERS_PARALLELISM="false", **extra)
     env.pop("MLFLOW_TRACKING_URI", None)
     return env
+
+
+def webrl(root: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    """`webrl *args` in `prefect_env(root)`; its output's tail in the assertion when it fails."""
+    r = subprocess.run([WEBRL, *args], env=prefect_env(root), capture_output=True, text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise AssertionError(f"webrl {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}")
+    return r
 
 
 def task_states(flow_name: str, timeout: float = 60.0) -> dict[str, str]:

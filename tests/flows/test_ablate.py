@@ -1,34 +1,37 @@
 """`webrl ablate` on the smoke config: one bootstrap shared by every variant (forked, never re-run), one phase per
-variant, the table, the plot and Fig. 5's verdict; a fork onto another bootstrap is refused."""
+variant, the table, the plot and Fig. 5's verdict; a fork onto another bootstrap is refused. The bootstrap is the
+session's smoke run (`--bootstrap`, conftest.smoke_run): the per-seed bootstrap of `webrl ablate` is `webrl
+bootstrap` itself, which that run covers."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from shared_prefect import prefect_env
+from shared_prefect import WEBRL, prefect_env
 from webrl_core.experiments import ablation
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-WEBRL = str(Path(sys.executable).parent / "webrl")
 
 
-def test_ablation_shares_one_bootstrap_and_reports_every_variant(tmp_path):
+def test_ablation_shares_one_bootstrap_and_reports_every_variant(tmp_path, smoke_run):
+    _, _, boot = smoke_run
     env = prefect_env(tmp_path)
     root = tmp_path / "abl"
-    r = subprocess.run([WEBRL, "ablate", "--config", "smoke", "--phases", "1", "--seeds", "0",
-                        "--run-dir", str(root), "--set", f"run.root={tmp_path}", "--set", "bootstrap.n_shards=1",
-                        "--set", "eval.max_tasks=3"],  # 4 evaluations (the bootstrap, 3 variants): a stratified 3 each
-                       env=env, capture_output=True, text=True, timeout=1700)
+    args = [WEBRL, "ablate", "--config", "smoke", "--phases", "1", "--run-dir", str(root),
+            "--set", f"run.root={tmp_path}", "--bootstrap", str(boot)]
+    bad = subprocess.run([*args, "--seeds", "0,1"], env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "its run.seed is 0" in bad.stderr, bad.stdout + bad.stderr  # before any work
+    assert not root.exists()
+    r = subprocess.run([*args, "--seeds", "0"], env=env, capture_output=True, text=True, timeout=1700)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     seed = root / "seed=0"
-    boot_actor = ArtifactRef.of(seed / "bootstrap" / "models" / "phase=0" / "actor")
+    assert not (seed / "bootstrap").exists()  # no bootstrap of its own
+    boot_actor = ArtifactRef.of(boot / "models" / "phase=0" / "actor")
     actors = {}
     for v in ablation.VARIANTS:
         vdir = seed / v

@@ -2,8 +2,9 @@
 critic training (the whole matrix is `webrl bench faults`, ~1 h on a 2-core box; the mid-rollout kill is also
 covered by tests/flows/test_flows.py).
 
-A smaller bootstrap than `smoke` (fewer demo/eval tasks, one SFT epoch) keeps it to about five minutes; the row
-runs the same code paths and checks as the full matrix.
+The row forks the phase 0 of the session's smoke run (`webrl bench faults --bootstrap`, conftest.smoke_run) and
+evaluates 4 test tasks per phase; it runs the same code paths and checks as the full matrix. Its commands start
+Prefect's temporary server (no PREFECT_API_URL), as a user's `webrl phase` does without a server.
 """
 
 from __future__ import annotations
@@ -12,10 +13,7 @@ import pytest
 
 from webrl_core.bench.faults import FAULT_NAMES, recovery, run_matrix, select, summarize
 
-# tiny, and replay open to every earlier success: one epoch on 8 demos leaves the actor no step inside the paper's
-# perplexity window, and a phase whose actor update has no trainable sample now fails (it used to copy the model)
-SMALL = ["bootstrap.demo_tasks=8", "bootstrap.rollout_tasks=4", "bootstrap.random_tasks=2", "eval.max_tasks=4",
-         "bootstrap.sft_epochs=1", "curriculum.tasks_per_phase=4", "replay.low=0.0"]
+SMALL = ["eval.max_tasks=4"]
 
 
 def test_select_names_every_fault_and_rejects_unknown():
@@ -27,11 +25,12 @@ def test_select_names_every_fault_and_rejects_unknown():
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_kill_during_critic_training_resumes_from_the_cache_with_the_same_outputs(tmp_path):
-    res = run_matrix(tmp_path, select("critic"), sets=SMALL)
+def test_kill_during_critic_training_resumes_from_the_cache_with_the_same_outputs(tmp_path, smoke_run):
+    res = run_matrix(tmp_path, select("critic"), sets=SMALL, bootstrap_from=smoke_run[2])
     (row,) = res["rows"]
     print(f"{row['fault']}: {row['injected']}; {recovery(row)}; {summarize(row)}; "
           f"{'PASS' if row['ok'] else 'FAIL ' + row['why']}")
+    assert not (tmp_path / "bootstrap.log").exists()  # phase 0 forked, no bootstrap run
     print(f"bootstrap {res['bootstrap_s']:.0f} s, clean phase {res['clean_s']:.0f} s, total {res['total_s']:.0f} s")
     assert row["ok"], row["why"]
     assert "into train-critic" in row["injected"]

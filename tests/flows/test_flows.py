@@ -2,8 +2,8 @@
 a server + worker of its own for the deployment run), real Chromium against the embedded sites, real DuckDB store,
 real MLflow store.
 
-One session fixture runs the bootstrap and phase 1 once; the tests then check caching, a knob change,
-reproduction, kill-and-resume and a deployment run against that run directory.
+The session's smoke run (conftest.smoke_run: bootstrap and phase 1, once) is what the tests check caching, a knob
+change, reproduction, kill-and-resume and a deployment run against.
 """
 
 from __future__ import annotations
@@ -17,37 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from shared_prefect import free_port, prefect_env, task_states
+from shared_prefect import WEBRL, free_port, prefect_env, task_states, webrl
 from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
-WEBRL = str(Path(sys.executable).parent / "webrl")
-
-
-def _webrl(root: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    r = subprocess.run([WEBRL, *args], env=prefect_env(root), capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise AssertionError(f"webrl {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}")
-    return r
 
 
 def _target(p: Path) -> str:
     return os.readlink(p)
-
-
-@pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("flows")
-    cfg = root / "smoke.yaml"
-    cfg.write_text(yaml.safe_dump({"extends": "smoke", "run": {"name": "smoke", "root": str(root)}}))
-    run = root / "smoke"
-    t0 = time.perf_counter()
-    _webrl(root, "bootstrap", "--config", str(cfg))
-    _webrl(root, "phase", "--config", str(cfg), "--phase", "1")
-    print(f"bootstrap + phase 1: {time.perf_counter() - t0:.0f} s")
-    return root, cfg, run
 
 
 def test_bootstrap_and_phase_write_store_models_and_mlflow(smoke_run):
@@ -91,7 +69,7 @@ def test_rerun_is_all_cache_hits_with_identical_artifacts(smoke_run):
     root, cfg, run = smoke_run
     before = {n: _target(run / "models" / "phase=1" / n) for n in ("actor", "critic")}
     t0 = time.perf_counter()
-    _webrl(root, "phase", "--config", str(cfg), "--phase", "1")
+    webrl(root, "phase", "--config", str(cfg), "--phase", "1")
     wall = time.perf_counter() - t0
     states = task_states("webrl-phase")
     assert states and all(s == "Cached" for s in states.values()), states
@@ -105,7 +83,7 @@ def test_changing_the_replay_window_reruns_only_downstream(smoke_run):
     root, cfg, run = smoke_run
     samples_before = _target(run / "data" / "phase=1" / "samples.jsonl")
     actor_before = sha256_path(run / "models" / "phase=1" / "actor")
-    _webrl(root, "phase", "--config", str(cfg), "--phase", "1", "--set", "replay.low=0.05")
+    webrl(root, "phase", "--config", str(cfg), "--phase", "1", "--set", "replay.low=0.05")
     states = task_states("webrl-phase")
     upstream = [n for n in states if n.split("-")[0] in ("generate", "filter", "materialise", "rollout", "orm", "build")]
     assert upstream and all(states[n] == "Cached" for n in upstream), states
@@ -118,7 +96,7 @@ def test_changing_the_replay_window_reruns_only_downstream(smoke_run):
     ev = [states[n] for n in downstream if n.startswith("evaluate")][0]
     assert ev == ("Completed" if actor_changed else "Cached"), (actor_changed, states)
     # the default window again: everything comes back from the cache
-    _webrl(root, "phase", "--config", str(cfg), "--phase", "1")
+    webrl(root, "phase", "--config", str(cfg), "--phase", "1")
     assert all(s == "Cached" for s in task_states("webrl-phase").values())
 
 
@@ -132,7 +110,7 @@ def test_evaluations_of_two_models_in_one_run_dir_never_mix(smoke_run):
     assert digests["sft"] != digests["init"]
     results = {}
     for name in ("sft", "init", "sft"):  # A, then B, then A again (must not read B's episodes)
-        out = _webrl(root, "eval", "--config", str(cfg), "--model", str(models[name])).stdout
+        out = webrl(root, "eval", "--config", str(cfg), "--model", str(models[name])).stdout
         assert f"policy hf:{digests[name]}" in out, out
         ev = json.loads((run / "eval" / f"model={digests[name][:12]}.json").read_text())
         results.setdefault(name, []).append(ev)
@@ -151,7 +129,7 @@ def test_evaluations_of_two_models_in_one_run_dir_never_mix(smoke_run):
 
 def test_reproduce_matches(smoke_run):
     root, cfg, run = smoke_run
-    r = _webrl(root, "reproduce", str(run), "--phase", "1")
+    r = webrl(root, "reproduce", str(run), "--phase", "1")
     assert "all outputs match" in r.stdout, r.stdout
 
 
@@ -171,7 +149,7 @@ def test_killed_phase_resumes_without_loss_or_duplicates(smoke_run):
     first = {r["episode_id"]: r["_batch"] for r in store.sql(
         "SELECT episode_id, _batch FROM episodes WHERE phase = 2 AND purpose = 'rollout'")}
     assert first
-    _webrl(root, "phase", "--config", str(cfg), "--phase", "2")
+    webrl(root, "phase", "--config", str(cfg), "--phase", "2")
     tasks = json.loads((run / "tasks" / "phase=2" / "tasks.json").read_text())
     rows = store.sql("SELECT episode_id, _batch FROM episodes WHERE phase = 2 AND purpose = 'rollout'")
     assert len(rows) == len(tasks)  # every task exactly once

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from test_flows import _webrl  # tests/flows is on sys.path (pytest rootless test dirs)
+from shared_prefect import webrl
 from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -41,8 +41,8 @@ def test_one_phase_with_the_pretrained_model(tmp_path):
     cfg.write_text(yaml.safe_dump({**TINY, "run": {"name": "smol", "root": str(tmp_path)}}))
     run = tmp_path / "smol"
     t0 = time.perf_counter()
-    _webrl(tmp_path, "bootstrap", "--config", str(cfg), timeout=1500)
-    _webrl(tmp_path, "phase", "--config", str(cfg), "--phase", "1", timeout=1500)
+    webrl(tmp_path, "bootstrap", "--config", str(cfg), timeout=1500)
+    webrl(tmp_path, "phase", "--config", str(cfg), "--phase", "1", timeout=1500)
     print(f"SmolLM2 bootstrap + phase 1: {time.perf_counter() - t0:.0f} s")
 
     sft = json.loads((run / "models" / "phase=0" / "actor" / "config.json").read_text())

@@ -7,6 +7,8 @@ Each variant runs in its own run dir, ``<ablation dir>/seed=<s>/<variant>``, who
 ``<ablation dir>/seed=<s>/bootstrap`` (``fork_bootstrap``): the same SFT actor, critic and ORM, the same phase-0
 episodes, so every difference between the lines comes from the phases. The result is the held-out test success
 of every (variant, seed, phase); the plot draws the mean over seeds per variant with the seeds' range as a band.
+An existing run's phase 0 can stand in for the per-seed bootstrap (``check_shared_bootstrap``): one seed, the run's
+own, and the same held-out evaluation, whose phase-0 result is every line's first point.
 """
 
 from __future__ import annotations
@@ -48,6 +50,28 @@ def _phase0_models(run_dir: Path) -> dict[str, Path]:
     if tok.exists():
         out["tokenizer"] = tok.resolve()
     return out
+
+
+def check_shared_bootstrap(bootstrap_dir: str | Path, settings, seeds: list[int]) -> None:
+    """Refuse (``ForkError``, naming the field) an existing run as the bootstrap of an ablation it does not fit: it
+    needs a phase-0 actor and its resolved ``config.yaml``, exactly one seed equal to its ``run.seed``, and the same
+    ``eval`` section as the ablation's config (its phase-0 evaluation is every variant's phase-0 point)."""
+    from webrl_core.config import load_config
+
+    src = Path(bootstrap_dir)
+    cfg_file = src / "config.yaml"
+    if not (src / "models" / "phase=0" / "actor").exists() or not cfg_file.is_file():
+        raise ForkError(f"--bootstrap {src}: no phase-0 actor or no config.yaml there; run its bootstrap first")
+    boot = load_config(cfg_file)
+    if list(seeds) != [boot.run.seed]:
+        raise ForkError(f"--bootstrap {src}: its run.seed is {boot.run.seed}, so the ablation runs that one seed "
+                        f"(--seeds {boot.run.seed}), not {','.join(map(str, seeds))}")
+    ours, theirs = settings.eval.model_dump(), boot.eval.model_dump()
+    for key in ours:
+        if ours[key] != theirs.get(key):
+            raise ForkError(f"--bootstrap {src}: eval.{key} is {theirs.get(key)!r} in {cfg_file} but "
+                            f"{ours[key]!r} in the ablation's config; phase 0 and the phases would be scored on "
+                            f"different test sets")
 
 
 def fork_bootstrap(bootstrap_dir: str | Path, run_dir: str | Path) -> dict:

@@ -59,8 +59,9 @@ class Harness:
 
     def __init__(self, root: str | Path, config: str = "smoke", sets: list[str] | None = None,
                  fraction: float = 0.5, weight_tol: float = 0.0, timeout_s: float = 1800.0,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, bootstrap_from: str | Path | None = None):
         self.root = Path(root).resolve()
+        self.bootstrap_from = Path(bootstrap_from).resolve() if bootstrap_from else None
         self.config, self.sets = config, list(sets or [])
         self.fraction, self.weight_tol, self.timeout_s = fraction, weight_tol, timeout_s
         self.base, self.work, self.runs = self.root / "base", self.root / "work", self.root / "runs"
@@ -110,8 +111,10 @@ class Harness:
         return dst
 
     def bootstrap(self) -> float:
-        """Phase 0 into the snapshot (reused when ``<root>/base`` holds one for the same config)."""
-        stamp = json.dumps({"config": self.config, "sets": self.sets})
+        """Phase 0 into the snapshot (reused when ``<root>/base`` holds one for the same config): ``webrl bootstrap``,
+        or a fork of ``bootstrap_from``'s phase 0 (webrl_core.experiments.ablation.fork_bootstrap)."""
+        stamp = json.dumps({"config": self.config, "sets": self.sets,
+                            "bootstrap_from": str(self.bootstrap_from or "")})
         done = self.base / ".faults-bootstrap"
         if done.exists() and done.read_text() == stamp:
             self.log(f"bootstrap: reusing {self.base}")
@@ -121,14 +124,28 @@ class Harness:
                 shutil.rmtree(p)
         self._write_cfg()
         t0 = time.perf_counter()
-        r = self._run(webrl_command() + ["bootstrap", *self._args()], self.root / "bootstrap.log")
-        if r.rc != 0:
-            raise RuntimeError(f"webrl bootstrap failed (exit {r.rc}); see {self.root / 'bootstrap.log'}")
+        if self.bootstrap_from is not None:
+            self._fork(self.bootstrap_from)
+        else:
+            r = self._run(webrl_command() + ["bootstrap", *self._args()], self.root / "bootstrap.log")
+            if r.rc != 0:
+                raise RuntimeError(f"webrl bootstrap failed (exit {r.rc}); see {self.root / 'bootstrap.log'}")
         (self.work / ".faults-bootstrap").write_text(stamp)
         os.replace(self.work, self.base)
         wall = time.perf_counter() - t0
         self.log(f"bootstrap: {wall:.0f} s")
         return wall
+
+    def _fork(self, src: Path) -> None:
+        from webrl_core.experiments.ablation import fork_bootstrap
+
+        mark = fork_bootstrap(src, self.run_dir)
+        for name in mark["models"]:  # absolute links: the rows' copies of the run dir sit at other depths
+            link = self.run_dir / "models" / name
+            target = link.resolve()
+            link.unlink()
+            link.symlink_to(target)
+        self.log(f"bootstrap: phase 0 forked from {src}")
 
     # -- one command
     def _run(self, cmd: list[str], log: Path, probes: bool = False, hold: str | None = None,

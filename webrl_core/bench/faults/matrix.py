@@ -52,10 +52,12 @@ def recovery(row: dict) -> str:
 
 def run_matrix(root: str | Path, faults: list[Fault], *, config: str = "smoke", sets: list[str] | None = None,
                keep: bool = False, fraction: float = 0.5, weight_tol: float = 0.0, timeout_s: float = 1800.0,
-               log: Callable[[str], None] = print, on_row: Callable[[dict], None] | None = None) -> dict:
-    """Bootstrap (or reuse it), the clean phase, then one row per fault. Returns {clean, rows, passed, failed}."""
+               log: Callable[[str], None] = print, on_row: Callable[[dict], None] | None = None,
+               bootstrap_from: str | Path | None = None) -> dict:
+    """Bootstrap (or reuse it, or fork ``bootstrap_from``'s phase 0), the clean phase, then one row per fault.
+    Returns {clean, rows, passed, failed}."""
     h = Harness(root, config=config, sets=sets, fraction=fraction, weight_tol=weight_tol, timeout_s=timeout_s,
-                log=log)
+                log=log, bootstrap_from=bootstrap_from)
     t0 = time.perf_counter()
     boot = h.bootstrap()
     clean = h.run_clean()

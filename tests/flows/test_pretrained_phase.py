@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 TINY = {
     "extends": "smoke",
     "env": {"n_envs": 2, "max_steps": 3},
-    "models": {"actor": "smollm2-135m-instruct", "train_layers": 1, "max_length": 384},  # prompts are cut (~700 tokens)
+    "models": {"actor": "smollm2-135m-instruct", "train_layers": 1, "max_length": 256},  # prompts are cut (~700 tokens)
     "bootstrap": {"demo_tasks": 3, "rollout_tasks": 2, "random_tasks": 2, "n_shards": 1, "sft_epochs": 1,
                   "sft_lr": 1.0e-4, "sft_loss": "completion"},
     "orm": {"epochs": 1, "lr": 5.0e-5, "max_html_chars": 800, "batch_size": 2},

@@ -1,5 +1,5 @@
-"""End-to-end flow tests on the `smoke` config: real Prefect (the session's server from tests/flows/conftest.py, and
-a server + worker of its own for the deployment run), real Chromium against the embedded sites, real DuckDB store,
+"""End-to-end flow tests on the `smoke` config: real Prefect (the session's server from tests/flows/conftest.py, with
+a worker of its own for the deployment run), real Chromium against the embedded sites, real DuckDB store,
 real MLflow store.
 
 The session's smoke run (conftest.smoke_run: bootstrap and phase 1, once) is what the tests check caching, a knob
@@ -15,10 +15,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
-from shared_prefect import WEBRL, free_port, prefect_env, task_states, webrl
+from shared_prefect import API_ENV, WEBRL, prefect_env, task_states, webrl
 from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -170,9 +171,10 @@ def test_deployment_run_on_a_real_prefect_server(smoke_run):
     client = mlflow.MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
     exp = client.get_experiment_by_name("webrl")
     n_before = len(client.search_runs([exp.experiment_id], "attributes.run_name = 'webrl-phase-1'"))
-    stack = PrefectStack(root / "server-home", port=free_port(), worker_poll_s=1, run_root=root)
+    # the session's server (its start is a fixed cost): the deployments and a worker of this test's own on it
+    stack = PrefectStack(root / "server-home", port=urlsplit(os.environ[API_ENV]).port, worker_poll_s=1,
+                         run_root=root)
     try:
-        stack.start_server()
         stack.deploy()
         stack.start_worker()
         r = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "webrl-phase/default",
@@ -183,7 +185,7 @@ def test_deployment_run_on_a_real_prefect_server(smoke_run):
                             capture_output=True, text=True, timeout=120)
         assert "webrl-phase/default" in ls.stdout and "webrl-train/demo" in ls.stdout, ls.stdout
     finally:
-        stack.stop()
+        stack.stop()  # the worker only: this stack did not start the server
     runs = client.search_runs([exp.experiment_id], "attributes.run_name = 'webrl-phase-1'")
     assert len(runs) == n_before + 1 and runs[0].info.status == "FINISHED"
     from webrl_core.artifacts import sha256_path

@@ -1,9 +1,10 @@
 """``webrl-ablate``: the paper's Fig. 5 ablation as a flow. For each seed: one bootstrap (or the phase 0 of an existing
-run, ``bootstrap_dir``), forked into one run dir per variant (``webrl_core.experiments.ablation``), then N phases per variant, each phase the ``webrl-phase`` flow (cached like any
-other run). A variant whose phase has nothing to learn from (``NoTrainingData``: e.g. without replay and without a
-single success) or nothing to evolve from (``NoSeedTasks``) stops there; the table names where and why. Ends with
-the table (mean and range over seeds per variant and phase), the plot, and whether Fig. 5's order holds, saved in
-the ablation dir, to MLflow and as Prefect artifacts."""
+run, ``bootstrap_dir``), forked into one run dir per variant (``webrl_core.experiments.ablation``), then N phases
+per variant, each phase the ``webrl-phase`` flow (cached like any other run). A variant whose phase has nothing to
+learn from (``NoTrainingData``: e.g. without replay and without a single success) or nothing to evolve from
+(``NoSeedTasks``) stops there; the table names where and why. Ends with the table (mean and range over seeds per
+variant and phase), the plot, and whether Fig. 5's order holds, saved in the ablation dir, to MLflow and as Prefect
+artifacts."""
 
 from __future__ import annotations
 
@@ -60,8 +61,9 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
     order = ablation.fig5_order(summary)
     plot = ablation.plot(summary, root / "ablation.png")
     report = root / "ablation.md"
-    report.write_text(f"# WebRL ablation ({config}, seeds {seeds}, {phases} phases)\n\nHeld-out test success (%), "
-                      f"mean over seeds (min-max):\n\n{table}\n{order}\n")
+    source = f", phase 0 of {Path(bootstrap_dir).resolve()}" if bootstrap_dir else ""
+    report.write_text(f"# WebRL ablation ({config}, seeds {seeds}, {phases} phases{source})\n\n"
+                      f"Held-out test success (%), mean over seeds (min-max):\n\n{table}\n{order}\n")
     with tracking.start_run(root, "webrl-ablate", config={"config": config, "phases": phases, "seeds": seeds,
                                                           "variants": variants, "overrides": overrides,
                                                           "bootstrap_dir": bootstrap_dir},

@@ -17,6 +17,10 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from webrl_core.config import WebRLSettings
 
 VARIANTS: dict[str, list[str]] = {
     "webrl": [],
@@ -52,7 +56,7 @@ def _phase0_models(run_dir: Path) -> dict[str, Path]:
     return out
 
 
-def check_shared_bootstrap(bootstrap_dir: str | Path, settings, seeds: list[int]) -> None:
+def check_shared_bootstrap(bootstrap_dir: str | Path, settings: "WebRLSettings", seeds: list[int]) -> None:
     """Refuse (``ForkError``, naming the field) an existing run as the bootstrap of an ablation it does not fit: it
     needs a phase-0 actor and its resolved ``config.yaml``, exactly one seed equal to its ``run.seed``, and the same
     ``eval`` section as the ablation's config (its phase-0 evaluation is every variant's phase-0 point)."""

@@ -33,16 +33,15 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
     overrides = list(overrides or [])
     settings = load_config(config, sets=overrides)
     root = Path(run_dir or f"{settings.run_dir()}-ablate").resolve()
-    if bootstrap_dir:
-        ablation.check_shared_bootstrap(bootstrap_dir, settings, seeds)
+    shared = Path(bootstrap_dir).resolve() if bootstrap_dir else None
+    if shared:
+        ablation.check_shared_bootstrap(shared, settings, seeds)
     log = get_run_logger()
     stops: list[dict] = []
     for seed in seeds:
         seed_sets = [*overrides, f"run.seed={seed}"]
-        if bootstrap_dir:
-            boot = Path(bootstrap_dir).resolve()
-        else:
-            boot = root / f"seed={seed}" / "bootstrap"
+        boot = shared or root / f"seed={seed}" / "bootstrap"
+        if not shared:
             webrl_bootstrap(config, str(boot), seed_sets)
         for v in variants:
             vdir = root / f"seed={seed}" / v
@@ -61,7 +60,7 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
     order = ablation.fig5_order(summary)
     plot = ablation.plot(summary, root / "ablation.png")
     report = root / "ablation.md"
-    source = f", phase 0 of {Path(bootstrap_dir).resolve()}" if bootstrap_dir else ""
+    source = f", phase 0 of {shared}" if shared else ""
     report.write_text(f"# WebRL ablation ({config}, seeds {seeds}, {phases} phases{source})\n\n"
                       f"Held-out test success (%), mean over seeds (min-max):\n\n{table}\n{order}\n")
     with tracking.start_run(root, "webrl-ablate", config={"config": config, "phases": phases, "seeds": seeds,

@@ -1,9 +1,9 @@
 """The flow tests' session fixtures: one real Prefect server, and one smoke run (bootstrap + phase 1) that the tests
 of test_flows.py check and re-run and that the ablation and the fault row fork their phase 0 from.
 
-One real Prefect server for the flow tests of a session: their `webrl` commands talk to it
-through PREFECT_API_URL instead of each starting Prefect's temporary server. That start is the largest fixed cost of
-a command here: a one-task flow took 16.0 s with the temporary server and 4.6 s against a running one (2 cores).
+The server: the session's `webrl` commands talk to it through PREFECT_API_URL instead of each starting Prefect's
+temporary server. That start is the largest fixed cost of a command here: a one-task flow took 16.0 s with the
+temporary server and 4.6 s against a running one (2 cores).
 The temporary server, what a user's `webrl bootstrap` gets with no PREFECT_API_URL, stays covered by the fault row
 (tests/flows/test_faults.py), whose harness starts its commands without an API URL.
 """

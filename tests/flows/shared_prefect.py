@@ -33,9 +33,11 @@ def prefect_env(root, **extra: str) -> dict[str, str]:
     return env
 
 
-def webrl(root: Path, *args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
-    """`webrl *args` in `prefect_env(root)`; its output's tail in the assertion when it fails."""
-    r = subprocess.run([WEBRL, *args], env=prefect_env(root), capture_output=True, text=True, timeout=timeout)
+def webrl(root: Path, *args: str, timeout: int = 1200, env: dict[str, str] | None = None,
+          cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """`webrl *args` in `env` (default `prefect_env(root)`); its output's tail in the assertion when it fails."""
+    r = subprocess.run([WEBRL, *args], env=prefect_env(root) if env is None else env, cwd=cwd, capture_output=True,
+                       text=True, timeout=timeout)
     if r.returncode != 0:
         raise AssertionError(f"webrl {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}")
     return r

@@ -11,31 +11,22 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 
-from shared_prefect import prefect_env
+from shared_prefect import WEBRL, prefect_env, webrl
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
-WEBRL = str(Path(sys.executable).parent / "webrl")
 # small, and replay open to every earlier success (replay.low=0): a minute of SFT on 24 demonstrations leaves the tiny
 # model's 1/PPL on them mostly below the paper's 0.5 (the full webarena-local config replays 77 of 299 with the
 # paper's window); this test is about the loop, not the window
 SMALL = ["env.n_envs=2", "env.max_steps=4", "curriculum.tasks_per_phase=3", "eval.max_tasks=3",
          "bootstrap.sft_epochs=4", "policy.max_new_tokens=32", "replay.low=0.0"]
-
-
-def _run(cwd: Path, env: dict, *args: str, timeout: int = 1200) -> str:
-    r = subprocess.run([WEBRL, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if r.returncode != 0:
-        raise AssertionError(f"webrl {' '.join(args)} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-6000:]}")
-    return r.stdout
 
 
 @pytest.fixture
@@ -69,14 +60,15 @@ def _engines(folder: Path) -> list[str]:
 
 def test_webarena_local_closes_the_phase_loop(tmp_path, served_sites):
     env = served_sites
-    _run(tmp_path, env, "webarena", "login")
+    webrl(tmp_path, "webarena", "login", env=env, cwd=tmp_path)
     assert (tmp_path / ".auth" / "shopping_state.json").is_file()
-    _run(tmp_path, env, "webarena", "local-setup", "--demo-tasks", "24", "--seed-tasks", "6", "--n-envs", "2")
+    webrl(tmp_path, "webarena", "local-setup", "--demo-tasks", "24", "--seed-tasks", "6", "--n-envs", "2",
+          env=env, cwd=tmp_path)
     inputs = tmp_path / "runs" / "webarena-local-inputs"
     demos = json.loads((inputs / "sft_demos.sharegpt.json").read_text())
     assert demos and demos[0]["conversations"][0]["from"] == "human"
     sets = [a for kv in SMALL for a in ("--set", kv)]
-    _run(tmp_path, env, "train", "--config", "webarena-local", "--phases", "2", *sets, timeout=1700)
+    webrl(tmp_path, "train", "--config", "webarena-local", "--phases", "2", *sets, timeout=1700, env=env, cwd=tmp_path)
 
     run = tmp_path / "runs" / "webarena-local"
     actors = [ArtifactRef.of(run / "models" / f"phase={k}" / "actor", "model") for k in range(3)]

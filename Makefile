@@ -9,7 +9,7 @@ demo: setup
 
 test: setup
 	bash infra/setup_vllm.sh  # vLLM in its own environment: tests/agent/test_serving.py serves a phase's actor with it
-	.venv/bin/python -m pytest -q tests
+	.venv/bin/python -m pytest -q -n 2 tests  # two workers: tests/conftest.py says how they share the suite
 
 bench: setup
 	.venv/bin/webrl bench store

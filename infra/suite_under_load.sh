@@ -16,7 +16,8 @@ failed=0
 for i in $(seq "$runs"); do
   t0=$(date +%s)
   full="${log%.log}.run$i.txt"  # the whole output (failures' tracebacks, the slowest tests) beside the log
-  .venv/bin/python -m pytest -q -p no:cacheprovider --durations=30 ${PYTEST_ARGS:-tests} > "$full" 2>&1
+  # as `make test` runs it: two workers (-n 2)
+  .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --durations=30 ${PYTEST_ARGS:-tests} > "$full" 2>&1
   out=$(tail -n 60 "$full")
   summary=$(echo "$out" | grep -E "passed|failed|error" | tail -n 1)
   echo "$(date -u +%FT%TZ) run $i: $summary ($(( $(date +%s) - t0 )) s)" >> "$log"

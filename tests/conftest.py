@@ -28,16 +28,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank: dict[pytest.Item, int] = {}
     for item in items:
         rel = item.path.relative_to(config.rootpath).as_posix()
         if "smoke_run" in getattr(item, "fixturenames", ()) and rel not in SMOKE_RUN_FILES:
             raise pytest.UsageError(f"{rel} takes the smoke_run fixture: add it to SMOKE_RUN_FILES in tests/conftest.py")
-    def rank(item: pytest.Item) -> int:
-        if item.path.relative_to(config.rootpath).as_posix() in SMOKE_RUN_FILES:
-            return 0
-        return 1 if item.get_closest_marker("slow") else 2
-
-    items.sort(key=rank)  # stable: the files keep their order within a rank
+        rank[item] = 0 if rel in SMOKE_RUN_FILES else 1 if item.get_closest_marker("slow") else 2
+    items.sort(key=rank.__getitem__)  # stable: the files keep their order within a rank
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):

@@ -94,6 +94,25 @@ def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/mo
     run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, out=out)
 
 
+@app.command("sft-curve")
+def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt/bootstrap/models settings are "
+                                                           "measured"),
+                    demos: int = typer.Option(300, help="training tasks the oracle demonstrates (the SFT data)"),
+                    val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
+                    val_steps: int = typer.Option(60, help="validation steps scored greedily at each point"),
+                    every: int = typer.Option(40, help="optimizer steps between two points of the curve"),
+                    label: str = typer.Option("", help="name of this recipe in the table, plot and MLflow run"),
+                    out: str = typer.Option("runs/bench-sft/curve", help="writes OUT.jsonl (each point as "
+                                                                         "measured), OUT.json and OUT.png")):
+    """Phase-0 SFT as a learning curve: greedy next-action accuracy (exact action, element id, typed arguments,
+    well-formed) on validation steps of the training pool (never the test set), every --every optimizer steps."""
+    from webrl_core.bench.sft_curve import run
+    from webrl_core.config import load_config
+
+    run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, val_steps=val_steps,
+        every=every, out=out, label=label)
+
+
 @app.command("copy-export")
 def bench_copy_export(config: str = typer.Option("demo", help="config whose bootstrap/models settings are used"),
                       demos: int = DEMOS, val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR,

@@ -152,8 +152,13 @@ class EnvConfig(Section):
 
 class PromptConfig(Section):
     style: Literal["completion", "chat"] = Field(
-        "completion", description="completion: WebRL raw prompt; chat: messages through the tokenizer's chat "
-        "template (instruction-tuned models)")
+        "completion", description="completion: WebRL raw prompt; chat: the rounds as chat turns through the actor "
+        "tokenizer's own chat template (its special tokens, not Llama-3 header text), rendered once as the prompt "
+        "string every stage sees; a served model without a local tokenizer gets the messages instead")
+    observation: Literal["html", "compact"] = Field(
+        "html", description="html: the simplified HTML as extracted (the official observation); compact: one line "
+        "per block, interactive elements as [id] text, table rows as one line (webrl_core/compact_page.py), about "
+        "half the tokens")
     compat: Literal["webrl", "official", "webrl_restated"] = Field(
         "webrl", description="webrl: our wording of the official format (models we train); official: the exact "
         "input strings the released WebRL actor and ORM checkpoints were trained on, so they can be dropped in; "

@@ -13,6 +13,7 @@ chosen dtype.
 from __future__ import annotations
 
 import functools
+import os
 import importlib.util
 from pathlib import Path
 
@@ -30,6 +31,21 @@ def cpu_flags() -> frozenset[str]:
         if line.startswith("flags"):
             return frozenset(line.split(":", 1)[1].split())
     return frozenset()
+
+
+def cpu_summary() -> str:
+    """The CPU in one phrase for benchmark figures: model, cores, and which bf16 path it has
+    ("AMD EPYC, 2 cores, AVX2 only (bf16 emulated)")."""
+    name = ""
+    try:
+        name = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                     if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    flags = cpu_flags()
+    bf16 = sorted(set(BF16_CPU_FLAGS) & flags)
+    path = ", ".join(bf16) if bf16 else ("AVX2 only (bf16 emulated)" if "avx2" in flags else "no AVX2")
+    return f"{name or 'unknown CPU'}, {os.cpu_count()} cores, {path}"
 
 
 def _cuda_bf16(device: str) -> bool | None:

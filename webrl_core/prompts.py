@@ -15,6 +15,17 @@ with <U> = ``<|eot_id|><|start_header_id|>user<|end_header_id|>`` and <A> the as
 Budget: if len(prompt without HTML) + len(h_k) > budget characters, h_k is cut to the remainder.
 Actions end with the stop token ``<|eot_id|>``.
 
+Formats for small models (``prompt.style`` and ``prompt.observation``; ``PromptFormat``), the official layout
+untouched:
+
+* ``observation: compact`` shows h_k as ``compact_page.compact_page(h_k)`` (one line per block, ``[N] text`` per
+  interactive element: about half the tokens of the HTML);
+* ``style: chat`` with a local actor renders the same rounds through the actor tokenizer's own chat template
+  (SmolLM2: ``<|im_start|>user ... <|im_end|>``), once, as the prompt string: a short system line, round 0's user
+  turn ``Task: I``, later past rounds the placeholder, each a_i an assistant turn, the current user turn
+  ``h_k\n\nTask: I``, then the template's assistant opener. The stop token is the tokenizer's EOS, which closes
+  the template's assistant turns.
+
 ORM prompt: a system text, then ``The User Intent:`` / ``Action History:`` (one line per raw response,
 internal newlines folded to "; ") / ``The Current Screenshot:`` + the HTML of the last step; the HTML
 is cut so the whole prompt fits ``max_html_chars``; the question is never cut. The model answers YES/NO.
@@ -46,9 +57,13 @@ Two formats (``prompt.compat``; every builder takes ``compat=``, default ``"webr
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from webrl_core.compact_page import compact_page
 
 EOT = "<|eot_id|>"
 BOS = "<|begin_of_text|>"
@@ -62,6 +77,8 @@ SPECIAL_TOKENS = ["<pad>", BOS, EOT, "<|start_header_id|>", "<|end_header_id|>"]
 DEFAULT_BUDGET = 16384 - 512
 
 COMPATS = ("webrl", "official", "webrl_restated")
+STYLES = ("completion", "chat")
+OBSERVATIONS = ("html", "compact")
 OFFICIAL_FORMAT_FILE = Path(__file__).with_name("prompt_formats") / "official.json"
 
 
@@ -70,6 +87,117 @@ def check_compat(compat: str) -> str:
     if compat not in COMPATS:
         raise ValueError(f"prompt compat {compat!r} is unknown; allowed: {', '.join(map(repr, COMPATS))}")
     return compat
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How the actor's prompt is laid out (``prompt.*``); passed wherever a ``compat`` name is accepted.
+
+    ``chat_template`` (with ``bos_token``/``eos_token``) is the actor tokenizer's own Jinja chat template, taken
+    when ``style == "chat"`` (``prompt_format``): the prompt is then rendered through it as a string, so every
+    stage sees byte-identical text with the model's real special tokens instead of Llama-3 header text."""
+
+    compat: str = "webrl"
+    style: str = "completion"
+    observation: str = "html"
+    chat_template: str | None = None
+    bos_token: str = ""
+    eos_token: str = ""
+
+    def __post_init__(self) -> None:
+        check_compat(self.compat)
+        if self.style not in STYLES:
+            raise ValueError(f"prompt.style {self.style!r} is unknown; allowed: {', '.join(map(repr, STYLES))}")
+        if self.observation not in OBSERVATIONS:
+            raise ValueError(f"prompt.observation {self.observation!r} is unknown; allowed: "
+                             f"{', '.join(map(repr, OBSERVATIONS))}")
+
+    @property
+    def framed(self) -> bool:
+        """The completion prompt is rendered through the model's chat template (a string ready to tokenise)."""
+        return self.style == "chat" and self.chat_template is not None
+
+    @property
+    def key(self) -> str:
+        """Identity of the layout: ``compat`` alone for the completion layouts on HTML (the keys episodes had
+        before the other options existed), else every field, the template by digest."""
+        if not self.framed and self.observation == "html":
+            return self.compat
+        tpl = hashlib.sha256((self.chat_template or "").encode()).hexdigest()[:12] if self.framed else "-"
+        return f"{self.compat}/{self.style}/{self.observation}/{tpl}"
+
+    def page(self, html: str) -> str:
+        """The observation as this format shows it."""
+        return compact_page(html) if self.observation == "compact" else html
+
+
+def as_format(compat: str | PromptFormat) -> PromptFormat:
+    """A ``PromptFormat`` for a compat name (the completion layout on HTML) or the format itself."""
+    return compat if isinstance(compat, PromptFormat) else PromptFormat(compat=check_compat(compat))
+
+
+def prompt_format(settings, tokenizer=None) -> PromptFormat:
+    """The run's actor prompt format from ``settings.prompt``; ``style: chat`` reads the chat template of the
+    actor's tokenizer (``tokenizer``, else ``models.actor``'s folder). A model without one keeps the messages path
+    (``build_chat_messages``, for OpenAI-compatible servers that apply their own template)."""
+    p = settings.prompt
+    template = bos = eos = None
+    if p.style == "chat":
+        if tokenizer is not None:
+            template, bos, eos = _template_of(tokenizer)
+        elif getattr(settings.models, "actor", None):
+            template, bos, eos = _folder_template(str(settings.models.actor))
+    return PromptFormat(compat=p.compat, style=p.style, observation=p.observation, chat_template=template,
+                        bos_token=bos or "", eos_token=eos or "")
+
+
+def _template_of(tok) -> tuple[str | None, str | None, str | None]:
+    template = getattr(tok, "chat_template", None)
+    if isinstance(template, dict):  # several named templates: the default one
+        template = template.get("default")
+    return template, getattr(tok, "bos_token", None), getattr(tok, "eos_token", None)
+
+
+@functools.lru_cache(maxsize=8)
+def _folder_template(folder: str) -> tuple[str | None, str | None, str | None]:
+    from transformers import AutoTokenizer  # the template only: no model code needed here
+
+    try:
+        return _template_of(AutoTokenizer.from_pretrained(folder))  # config resolves short names to folders
+    except (OSError, ValueError):
+        return None, None, None  # a served model: its server applies the template
+
+
+@functools.cache
+def _template(source: str):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # the environment transformers renders templates in
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(source)
+
+
+def render_chat(fmt: PromptFormat, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """``messages`` through the format's chat template, as ``tokenizer.apply_chat_template(tokenize=False)``."""
+    return _template(fmt.chat_template).render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                               bos_token=fmt.bos_token, eos_token=fmt.eos_token)
+
+
+SMALL_CHAT_SYSTEM = "You are a web agent. Reply with one action on the current page."
+
+
+def _framed_prompt(fmt: PromptFormat, intent: str, past_responses: list[str], page: str, budget: int) -> str:
+    """The rounds of the completion layout as chat turns in the model's own template: round 0's user turn is the
+    intent, later past rounds show the HTML placeholder, each past response is an assistant turn; the current
+    user turn is the page followed by the intent again (a small model copies names from a few tokens back, as
+    ``webrl_restated``), then the template's assistant opener."""
+    msgs = [{"role": "system", "content": SMALL_CHAT_SYSTEM}]
+    for i, resp in enumerate(past_responses):
+        msgs += [{"role": "user", "content": f"Task: {intent}" if i == 0 else HTML_PLACEHOLDER},
+                 {"role": "assistant", "content": resp}]
+    tail = f"\n\nTask: {intent}"
+    shell = render_chat(fmt, msgs + [{"role": "user", "content": tail}])
+    room = max(0, budget - len(shell))
+    return render_chat(fmt, msgs + [{"role": "user", "content": page[:room] + tail}])
 
 
 @functools.cache
@@ -126,9 +254,14 @@ def _round(i: int, user: str, response: str | None) -> str:
 
 
 def build_prompt(intent: str, past_responses: list[str], html: str, budget: int = DEFAULT_BUDGET, *,
-                 compat: str = "webrl") -> str:
-    """The completion prompt for the next action (see module docstring); ``compat``: "webrl" or "official"."""
-    if check_compat(compat) == "official":
+                 compat: str | PromptFormat = "webrl") -> str:
+    """The prompt for the next action (see module docstring); ``compat``: a compat name ("webrl", "official",
+    "webrl_restated") or a ``PromptFormat`` (compact page, the model's chat template)."""
+    fmt = as_format(compat)
+    compat, html = fmt.compat, fmt.page(html)
+    if fmt.framed:
+        return _framed_prompt(fmt, intent, past_responses, html, budget)
+    if compat == "official":
         return _official_prompt(intent, past_responses, html, budget)
     head = f"Task Instruction: {intent}\n\n"
     for i, resp in enumerate(past_responses):
@@ -140,7 +273,8 @@ def build_prompt(intent: str, past_responses: list[str], html: str, budget: int 
     return head + _round(k, html[:room] + restated, None)
 
 
-def round0_prompt(intent: str, start_html: str, budget: int = DEFAULT_BUDGET, *, compat: str = "webrl") -> str:
+def round0_prompt(intent: str, start_html: str, budget: int = DEFAULT_BUDGET, *,
+                  compat: str | PromptFormat = "webrl") -> str:
     """The Round-0 prompt on the start page: what the critic scores to filter new tasks."""
     return build_prompt(intent, [], start_html, budget, compat=compat)
 

@@ -35,7 +35,7 @@ from webrl_core.artifacts import sha256_path
 from webrl_core.config import ModelsConfig, PolicyConfig
 from webrl_core.learn.models import (encode_prompt, left_pad, load_causal_lm, load_tokenizer, resolve_device,
                                stop_token_id)
-from webrl_core.prompts import STOP_TOKEN, build_chat_messages, check_compat
+from webrl_core.prompts import STOP_TOKEN, PromptFormat, as_format, build_chat_messages
 
 if TYPE_CHECKING:
     import openai
@@ -46,9 +46,10 @@ class HFPolicy:
 
     def __init__(self, model_path: str | os.PathLike, cfg: PolicyConfig | None = None,
                  models_cfg: ModelsConfig | None = None, temperature: float | None = None,
-                 policy_id: str | None = None, style: str = "completion", compat: str = "webrl"):
+                 policy_id: str | None = None, style: str = "completion", compat: str | PromptFormat = "webrl"):
         self.cfg = cfg or PolicyConfig()
-        self.compat = check_compat(compat)
+        self.framed = as_format(compat).framed  # prompts arrive rendered through the chat template already
+        self.compat = as_format(compat).compat
         self.models_cfg = models_cfg or ModelsConfig()
         self.model_path = str(model_path)
         self.tok = load_tokenizer(model_path)
@@ -65,13 +66,28 @@ class HFPolicy:
                              f"(model max length {min(self.models_cfg.max_length, max_pos)})")
         self._lock = threading.Lock()  # one generate() at a time; concurrent act() calls queue here
 
+    @classmethod
+    def of_model(cls, model, tok, cfg: PolicyConfig, models_cfg: ModelsConfig, compat="webrl") -> HFPolicy:
+        """Greedy generation with a model already in memory (a model being trained), as ``generate`` does for a
+        checkpoint folder."""
+        self = cls.__new__(cls)
+        self.cfg, self.models_cfg, self.tok, self.model = cfg, models_cfg, tok, model
+        self.compat, self.framed = as_format(compat).compat, True  # prompts are given as the model reads them
+        self.model_path, self.device, self.temperature, self.style = "<in memory>", model.device, 0.0, "completion"
+        self.policy_id = "hf:<in memory>"
+        self.stop_ids = sorted({stop_token_id(tok)} | ({tok.eos_token_id} - {None}))
+        max_pos = getattr(model.config, "max_position_embeddings", None) or models_cfg.max_length
+        self.max_prompt_tokens = min(models_cfg.max_length, max_pos) - cfg.max_new_tokens
+        self._lock = threading.Lock()
+        return self
+
     @property
     def policy_digest(self) -> str:
         """Identity in episode keys: the checkpoint's content digest (from its manifest; see ``artifacts``)."""
         return f"hf:{sha256_path(self.model_path)}"
 
     def _prompt_text(self, prompt: str, ctx: StepContext | None) -> str:
-        if self.style != "chat":
+        if self.style != "chat" or self.framed:
             return prompt
         if ctx is not None:
             msgs = build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.compat)
@@ -121,8 +137,9 @@ class OpenAIPolicy:
 
     def __init__(self, base_url: str, model_name: str, cfg: PolicyConfig | None = None,
                  temperature: float | None = None, style: str = "completion", api_key: str | None = None,
-                 policy_id: str | None = None, timeout_s: float = 120.0, retries: int = 3, compat: str = "webrl"):
-        self.compat = check_compat(compat)
+                 policy_id: str | None = None, timeout_s: float = 120.0, retries: int = 3,
+                 compat: str | PromptFormat = "webrl"):
+        self.compat = as_format(compat).compat
         if not base_url or "://" not in base_url:
             raise ValueError(f"policy.base_url={base_url!r} is not a URL like http://127.0.0.1:8000/v1")
         if not model_name:

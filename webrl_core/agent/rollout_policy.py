@@ -19,6 +19,7 @@ from webrl_core.env.scripted import RandomPolicy
 from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, served_model_digest
 from webrl_core.runs.rundir import model_ref
 from webrl_core.agent.serving import Endpoint, served_policy_digest
+from webrl_core.prompts import prompt_format
 from webrl_core.sites.oracle import OraclePolicy
 
 
@@ -67,8 +68,9 @@ def rollout_identity(settings: Any, actor_ref: ArtifactRef | None, temperature: 
     # the prompt format and the judge change episodes too; folded in only when not the default, so the default
     # keeps its episode ids
     extra = {}
-    if settings.prompt.compat != "webrl":
-        extra["prompt_compat"] = settings.prompt.compat
+    fmt = prompt_format(settings)
+    if fmt.key != "webrl":
+        extra["prompt_compat"] = fmt.key
     if (settings.eval.judge or "").strip():
         extra["judge"] = describe_judge(settings)
     if extra:
@@ -111,11 +113,11 @@ def make_policy(settings: Any, actor_ref: ArtifactRef | None, temperature: float
                              f"rollout needs the endpoint serving it (webrl_core.agent.serving.served_actor)")
         if endpoint is not None:
             return OpenAIPolicy(endpoint.base_url, endpoint.model_name, cfg=settings.policy, temperature=temperature,
-                                style=settings.prompt.style, compat=settings.prompt.compat,
+                                style=settings.prompt.style, compat=prompt_format(settings),
                                 policy_id=f"{endpoint.policy_digest}@T{temperature:g}")
         return OpenAIPolicy(settings.policy.base_url, settings.policy.model_name, cfg=settings.policy,
-                            temperature=temperature, style=settings.prompt.style, compat=settings.prompt.compat)
+                            temperature=temperature, style=settings.prompt.style, compat=prompt_format(settings))
     actor_dir = actor_ref.path
     return HFPolicy(actor_dir, settings.policy, settings.models, temperature=temperature,
                     policy_id=f"{Path(actor_dir).parent.name}/{Path(actor_dir).name}@T{temperature:g}",
-                    style=settings.prompt.style, compat=settings.prompt.compat)
+                    style=settings.prompt.style, compat=prompt_format(settings))

@@ -37,7 +37,7 @@ from webrl_core.env.actions import is_crash
 from webrl_core.env.browser import BrowserPool
 from webrl_core.env.episode import EPISODE_COLUMNS, Episode, FinalPage
 from webrl_core.env.web_env import EnvCrash, WebEnv
-from webrl_core.prompts import build_prompt, check_compat
+from webrl_core.prompts import PromptFormat, as_format, build_prompt
 from webrl_core.websites import is_success
 
 
@@ -143,7 +143,8 @@ class _Ending(NamedTuple):
 
 
 async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batcher, cfg,
-                       steps: list[dict], timing: dict, screenshot_dir=None, prompt_compat: str = "webrl") -> _Ending:
+                       steps: list[dict], timing: dict, screenshot_dir=None,
+                       prompt_compat: str | PromptFormat = "webrl") -> _Ending:
     """One attempt. Appends step dicts to ``steps`` as it goes; returns how the episode ended."""
     watchdog = (cfg.settle_timeout_ms + 3 * cfg.action_timeout_ms) / 1000 + 30
     t = time.perf_counter()
@@ -185,7 +186,8 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
                   purpose: str = "rollout", policy_id: str | None = None, policy_digest: str | None = None,
                   settings_digest: str | None = None, attempts: list[int] | None = None, seed: int = 0,
                   progress: bool = True, judge=None, pool: BrowserPool | None = None,
-                  screenshot_dir=None, node: str | None = None, prompt_compat: str = "webrl") -> list[dict]:
+                  screenshot_dir=None, node: str | None = None,
+                  prompt_compat: str | PromptFormat = "webrl") -> list[dict]:
     """Run every task once (duplicates = more samples) and return episode dicts (each with a ``steps`` list).
 
     ``policy_digest`` / ``settings_digest``: the identity of what acts (``webrl_core.identity``); by default the
@@ -193,16 +195,17 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
     ``screenshot_dir``: with ``cfg.screenshots``, a PNG per step goes to ``<dir>/<episode_id>/<idx>.png``.
     ``node``: what episodes record as the machine that produced them (default: the hostname; the Ray engine
     passes ``<hostname>/<node ip>/ray:<node id>``).
-    ``prompt_compat``: the prompt format (``prompt.compat``: "webrl" or "official"); a non-default format is folded
+    ``prompt_compat``: the prompt format (a ``prompt.compat`` name or a ``prompts.PromptFormat``); a non-default
+    format (its ``key``) is folded
     into the default ``settings_digest`` (a caller that passes ``settings_digest`` must include it there)."""
-    check_compat(prompt_compat)
+    prompt_compat = as_format(prompt_compat)
     screenshot_dir = screenshot_dir if getattr(cfg, "screenshots", False) else None
     policy_id = policy_id or getattr(policy, "policy_id", type(policy).__name__)
     policy_digest = policy_digest or getattr(policy, "policy_digest", None) or policy_id
     if not settings_digest:
         settings_digest = identity.settings_digest(cfg)
-        if prompt_compat != "webrl":  # other prompts, other episodes (the default format keeps its ids)
-            settings_digest = identity.digest({"settings": settings_digest, "prompt_compat": prompt_compat})
+        if prompt_compat.key != "webrl":  # other prompts, other episodes (the default format keeps its ids)
+            settings_digest = identity.digest({"settings": settings_digest, "prompt_compat": prompt_compat.key})
     attempts = default_attempts(tasks) if attempts is None else list(attempts)
     if len(attempts) != len(tasks):
         raise ValueError(f"rollout: {len(attempts)} attempts for {len(tasks)} tasks")
@@ -315,6 +318,7 @@ class _Progress:
             self.bar.stop()
 
 
-def run_rollout(tasks: list[dict], policy, n_envs: int, *, prompt_compat: str = "webrl", **kwargs) -> list[dict]:
+def run_rollout(tasks: list[dict], policy, n_envs: int, *, prompt_compat: str | PromptFormat = "webrl",
+                **kwargs) -> list[dict]:
     """Synchronous wrapper of ``rollout`` (starts its own event loop)."""
     return asyncio.run(rollout(tasks, policy, n_envs, prompt_compat=prompt_compat, **kwargs))

@@ -685,7 +685,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
 
 
 def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str | Path, settings,
-              max_steps: int | None = None, epochs: float | None = None) -> dict:
+              max_steps: int | None = None, epochs: float | None = None, callbacks: list | None = None) -> dict:
     """Bootstrap SFT of the actor on (prompt, action) pairs with TRL's SFTTrainer, completion-only loss.
 
     The prompt-completion examples are tokenised by ``models.encode_prompt_action`` (prompt ids + action ids +
@@ -693,7 +693,8 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     covers exactly the action and its stop token (``bootstrap.sft_loss: all``: every token, for from-scratch
     models). LR, epochs and loss come from the ``bootstrap`` section; batch sizes and clipping from ``actor``
     (the model trained is the actor); ``epochs`` overrides ``bootstrap.sft_epochs`` (pairs that already hold
-    several augmented passes). The recipe (cosine schedule, 10% warm-up) is the official SFT's
+    several augmented passes); ``callbacks``: extra ``TrainerCallback``s (``bench sft-curve`` measures the model
+    during training through one). The recipe (cosine schedule, 10% warm-up) is the official SFT's
     (``LLaMA-Factory/examples/train_full/llama3_full_policy_web.yaml``)."""
     from datasets import Dataset
     from trl import SFTConfig
@@ -722,7 +723,8 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
         enc = encode_prompt_action(tok, pair[0], pair[1], settings.models.max_length)
         rows.append({"input_ids": enc["input_ids"], "completion_mask": enc["action_mask"]})
     trainer = SelectedLogitsSFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows),
-                                       processing_class=tok, callbacks=progress_callbacks("sft"))
+                                       processing_class=tok,
+                                       callbacks=progress_callbacks("sft") + list(callbacks or []))
     t0 = time.perf_counter()
     result = fit(trainer)
     train_s = time.perf_counter() - t0

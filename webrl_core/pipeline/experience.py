@@ -19,6 +19,7 @@ from webrl_core.env.evaluators import judge_from_settings
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
 from webrl_core.learn.models import load_causal_lm, load_tokenizer
 from webrl_core.learn.orm import OrmScorer, orm_prompt_for_episode
+from webrl_core.prompts import prompt_format
 from webrl_core.pipeline.stage import stage
 from webrl_core.scale.ray_rollout import run_on_ray
 from webrl_core.learn.replay import score_replay
@@ -66,7 +67,7 @@ def rollout(settings, run_dir: str, phase: int, purpose: str, tasks_ref: Artifac
                 run_rollout([t for t, _ in todo], policy, settings.env.n_envs, cfg=settings.env, hooks=hooks,
                             store=store, phase=phase, purpose=purpose, seed=seed, attempts=[a for _, a in todo],
                             progress=True, screenshot_dir=Path(run_dir) / "screenshots",
-                            judge=judge_from_settings(settings), prompt_compat=settings.prompt.compat, **ident)
+                            judge=judge_from_settings(settings), prompt_compat=prompt_format(settings), **ident)
     rows = {e["episode_id"]: e for e in store.sql(
         "SELECT * FROM episodes WHERE episode_id IN (SELECT unnest($ids))", {"ids": ids})}
     missing = [i for i in ids if i not in rows]

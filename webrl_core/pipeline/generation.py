@@ -21,7 +21,7 @@ from webrl_core.env.web_env import WebEnv
 from webrl_core.learn.orm import OrmScorer
 from webrl_core.pipeline.stage import stage
 from webrl_core.pipeline.task_sets import count_sites
-from webrl_core.prompts import build_orm_prompt, round0_prompt
+from webrl_core.prompts import build_orm_prompt, prompt_format, round0_prompt
 from webrl_core.agent.rollout_policy import phase_policy_digest
 from webrl_core.runs.rundir import labelled_state, output_key, phase_dir, write_json_version
 from webrl_core.sites.session import site_session
@@ -117,8 +117,9 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
         kept, dropped = [], []
     elif trained_critic and critic_ref is not None:
         pages = start_page_html(settings, cands)
+        fmt = prompt_format(settings)
         prompts = [round0_prompt(t["intent"], pages.get(t["start_url"], ""), settings.env.obs_char_budget,
-                                 compat=settings.prompt.compat)
+                                 compat=fmt)
                    for t in cands]
         critic = Critic.load(critic_ref.path, settings.models.dtype, settings.models.device, settings.models.max_length)
         v, p1, p2 = critic.values(prompts, batch_size=cc.batch_size)

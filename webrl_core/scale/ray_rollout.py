@@ -51,6 +51,7 @@ from typing import Any, Iterator
 
 
 from webrl_core.config import RolloutConfig
+from webrl_core.prompts import prompt_format
 
 log = logging.getLogger("webrl.ray")
 
@@ -189,7 +190,7 @@ def _worker_policy(spec: dict):
         from webrl_core.agent.policy import OpenAIPolicy
 
         return OpenAIPolicy(served["base_url"], served["model_name"], cfg=settings.policy, temperature=temperature,
-                            style=settings.prompt.style, compat=settings.prompt.compat,
+                            style=settings.prompt.style, compat=prompt_format(settings),
                             policy_id=served["policy_id"])
     from webrl_core.agent.rollout_policy import make_policy
 
@@ -224,7 +225,7 @@ def _run_shard(spec: dict, shard: int, jobs: list[tuple[dict, int, str]], collec
                           store=_CollectorSink(collector), phase=spec["phase"], purpose=spec["purpose"],
                           seed=settings.run.seed, attempts=[a for _, a, _ in todo], progress=False,
                           screenshot_dir=spec["screenshot_dir"], node=node, judge=judge_from_settings(settings),
-                          prompt_compat=settings.prompt.compat, **spec["ident"])
+                          prompt_compat=prompt_format(settings), **spec["ident"])
     got = sorted(e["episode_id"] for e in eps)
     if got != sorted(j[2] for j in todo):  # the engine computes ids from the same inputs: a mismatch is a bug
         raise RuntimeError(f"shard {shard}: the engine produced episode ids {got[:3]}... for planned "

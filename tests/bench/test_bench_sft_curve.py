@@ -1,0 +1,45 @@
+"""`webrl bench sft-curve`: the learning curve of a real SmolLM2 SFT on the smoke sites, and its step marks."""
+
+import json
+
+from typer.testing import CliRunner
+
+from webrl_cli.main import app
+from webrl_core.bench.sft_curve import score, summarise
+
+CLICK = '# Element: Members\ndo(action="Click", element="8")'
+TYPE = '# Element: Username\ndo(action="Type", argument="vinta", element="9")'
+
+
+def test_marks_compare_the_action_not_the_comment():
+    assert score('# Element: anything\ndo(action="Click", element="8")', CLICK) == \
+        {"exact": True, "well_formed": True, "element": True, "typed_args": None}
+    assert score('do(action="Type", argument="vint", element="9")', TYPE) == \
+        {"exact": False, "well_formed": True, "element": True, "typed_args": False}
+    assert score('do(action="Click", element="Driftwood", element="Driftwood"', CLICK) == \
+        {"exact": False, "well_formed": False, "element": False, "typed_args": None}
+    assert score('exit(message="Done")', '# Note: done\nexit(message="Done")')["exact"]
+    s = summarise([score(CLICK, CLICK), score(CLICK, TYPE)])
+    assert s["exact"] == 0.5 and s["typed_args"] == 0.0 and s["typed_args_n"] == 1 and s["well_formed"] == 1.0
+
+
+def test_curve_of_a_pretrained_sft_on_validation_steps(tmp_path):
+    """Three demonstrations, two validation tasks: points at step 0, every step and the end, each scored on the
+    validation steps in the chat/compact format, written as they are measured; the prompts fit the budget."""
+    out = tmp_path / "curve"
+    sets = ["models.actor=smollm2-135m-instruct", "models.train_layers=1", "models.max_length=640",
+            "prompt.style=chat", "prompt.observation=compact", "bootstrap.sft_epochs=1", "actor.batch_size=2",
+            "policy.max_new_tokens=24"]
+    res = CliRunner().invoke(app, ["bench", "sft-curve", "--config", "smoke", "--demos", "2", "--val-tasks", "2",
+                                   "--val-steps", "3", "--every", "2", "--run-dir", str(tmp_path / "run"),
+                                   "--out", str(out), *[a for s in sets for a in ("--set", s)]])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.with_suffix(".json").read_text())
+    points = [json.loads(line) for line in out.with_suffix(".jsonl").read_text().splitlines()]
+    assert points == r["points"] and points[0]["step"] == 0 and points[0]["pairs"] == 0
+    assert [p["step"] for p in points[1:-1]] == list(range(2, points[-1]["step"], 2))
+    assert points[-1]["tokens"] > 0 and points[-1]["tokens_per_s"] > 0
+    for p in points:
+        assert all(0 <= p[k] <= 1 for k in ("exact", "well_formed")) and p["exact_n"] == 3
+    assert r["prompt_format"].startswith("webrl/chat/compact/") and r["max_prompt_tokens"] <= 640
+    assert out.with_suffix(".png").stat().st_size > 0 and " cores, " in r["cpu"]

@@ -1,0 +1,60 @@
+"""The compact page rendering (``webrl_core.compact_page``) and the prompt formats that use it: every id once, one
+line per block; the default prompt unchanged. (Every held-out oracle step's element in the prompt the policy sees:
+tests/sites/test_prompt_elements.py.)"""
+
+from __future__ import annotations
+
+import re
+
+from webrl_core.compact_page import compact_page
+from webrl_core.prompts import PromptFormat, build_prompt
+
+PAGE = ('<body> <header> <a id="0"> Shop </a> <form> <input id="1" type="text" placeholder="Search"/> '
+        '<button id="2" type="submit"> Go </button> </form> </header> <main> <h1> Orders </h1> <tbody> '
+        '<tr> <th> Order # </th> <th> Total </th> </tr> <tr> <td> 0042 </td> <td> $5.00 </td> '
+        '<a id="3"> View </a> </tr> </tbody> <label> Role <select id="4" data-value="Guest"> '
+        '<option data-status="selected"> Guest </option> <option> Owner </option> </select> </label> '
+        '<input id="5" type="checkbox" data-status="checked"/> <input id="6" type="text" value="a &amp; b"/> '
+        '<a id="7" title="Close"></a> <p> Total </p> </main> </body>')
+
+
+def test_blocks_are_lines_and_elements_their_ids():
+    text = compact_page(PAGE)
+    assert text.splitlines() == [
+        "[0] Shop",
+        '[1] input "Search" [2] button Go',
+        "# Orders",
+        "Order # | Total",
+        "0042 | $5.00 [3] View",
+        'Role [4] select "Guest" options: Guest | Owner [5] input checkbox checked [6] input value="a & b" '
+        "[7] Close",
+        "Total",
+    ]
+    assert re.findall(r"\[(\d+)\]", text) == [str(i) for i in range(8)]  # every id once, in page order
+
+
+def test_error_line_is_kept_and_a_cut_page_still_renders():
+    text = compact_page('[error] element 9 not found\n<body> <a id="0"> Home </a> <select id="1" data-value="A"> '
+                        '<option> A')
+    assert text.splitlines()[0] == "[error] element 9 not found"
+    assert "[0] Home" in text and '[1] select "A"' in text
+
+
+def test_formats_keep_the_default_prompt_and_key():
+    html = '<body> <a id="0"> Home </a> </body>'
+    assert build_prompt("Go home", [], html, compat=PromptFormat()) == build_prompt("Go home", [], html)
+    assert PromptFormat().key == "webrl" and PromptFormat(compat="official").key == "official"
+    compact = PromptFormat(observation="compact")
+    assert compact.key != "webrl" and "[0] Home" in build_prompt("Go home", [], html, compat=compact)
+
+
+def test_chat_format_renders_through_the_models_template():
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    fmt = PromptFormat(style="chat", observation="compact", chat_template=template)
+    prompt = build_prompt("Buy a lamp", ['# Element: Shop\ndo(action="Click", element="0")'],
+                          '<body> <a id="0"> Shop </a> </body>', compat=fmt)
+    assert "<|eot_id|>" not in prompt and "<|start_header_id|>" not in prompt
+    assert prompt.endswith("[0] Shop\n\nTask: Buy a lamp<|im_end|>\n<|im_start|>assistant\n")
+    assert prompt.count("<|im_start|>assistant\n") == 2  # one past round, then the generation prompt
+    assert fmt.key.startswith("webrl/chat/compact/")

@@ -1,0 +1,246 @@
+"""`webrl bench sft-curve`: the phase-0 SFT measured as a learning curve of next-action accuracy, cheap enough to
+compare recipes in one session (a point is one greedy pass over ``val_steps`` steps, about a minute).
+
+Data: oracle episodes of ``demos`` training tasks (the SFT pairs, as the bootstrap makes them) and of
+``val_tasks`` validation tasks of the training pool whose intents are not among the demonstrations' (never the
+held-out test set; ``bench.sft.validation_tasks``). Both are stored in the bench run dir and reused. Each step
+keeps its ingredients (intent, past responses, page HTML, oracle response), so the prompts are rendered in the
+configured ``prompt.*`` format (``prompts.prompt_format``) at every call: layouts compare on the same steps.
+
+Training is ``training.sft_train`` itself (``bootstrap.sft_*``, ``models.*``, LoRA), with a callback that, every
+``every`` optimizer steps and at the start and the end, generates greedily for the validation steps with the
+model being trained and scores each response against the oracle's action (parsed with ``env.actions``):
+
+  - ``exact``: same action name, element id, argument and answer (the ``do(...)``/``exit(...)`` call; comment
+    lines such as ``# Element: ...`` are free text and not compared);
+  - ``element``: same element id, over the steps whose oracle action names an element;
+  - ``typed_args``: same argument, over the steps whose oracle action types one (Type, Search, Select);
+  - ``well_formed``: the response parses as an action.
+
+Each point also records the pairs and tokens trained so far and the tokens/s. The curve goes to
+``<out>.jsonl`` (one line per point, as measured), a plot ``<out>.png`` and an MLflow run in the bench run dir.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from webrl_core.env.actions import ActionParseError, parse_action
+
+TYPED = ("Type", "Search", "Select Dropdown Option")
+
+
+def oracle_steps(store, episode_ids: list[str]) -> list[dict]:
+    """The steps of the successful episodes, each with its intent, the responses before it and its page."""
+    from webrl_core.websites import is_success
+
+    rows = store.sql("SELECT e.episode_id, e.intent, e.env_score, s.idx, s.html, s.response FROM steps s "
+                     "JOIN episodes e USING (episode_id) WHERE e.episode_id IN (SELECT unnest($ids)) "
+                     "ORDER BY e.episode_id, s.idx", {"ids": episode_ids})
+    out, past, current = [], [], None
+    for r in rows:
+        if r["episode_id"] != current:
+            current, past = r["episode_id"], []
+        if is_success(r["env_score"]):
+            out.append({"episode_id": current, "intent": r["intent"], "past": list(past), "html": r["html"],
+                        "action": r["response"]})
+        past.append(r["response"])
+    return out
+
+
+def collect(settings, run_dir: str, demos: int, val_tasks: int) -> tuple[list[dict], list[dict]]:
+    """Oracle demonstrations and validation steps (stored in ``run_dir`` and reused by later calls)."""
+    from webrl_core.artifacts import read_json
+    from webrl_core.bench.sft import validation_tasks
+    from webrl_core.pipeline import experience, task_sets
+    from webrl_core.runs.store import TrajectoryStore
+
+    demo_ref = task_sets.train_task_pool(settings, run_dir, demos, 1, f"bench_sft_demos_{demos}")
+    demo_roll = experience.rollout(settings, run_dir, 0, "oracle", demo_ref, None, 0.0)
+    val_ref = validation_tasks(settings, run_dir, val_tasks, {t["intent"] for t in read_json(demo_ref)})
+    val_roll = experience.rollout(settings, run_dir, 0, "oracle", val_ref, None, 0.0)
+    store = TrajectoryStore(run_dir)
+    return oracle_steps(store, demo_roll["episode_ids"]), oracle_steps(store, val_roll["episode_ids"])
+
+
+def score(response: str, oracle: str) -> dict[str, bool | None]:
+    """One step's marks (module docstring); None where a mark does not apply to the oracle's action."""
+    want = parse_action(oracle)
+    try:
+        got = parse_action(response)
+    except ActionParseError:
+        got = None
+    same = got is not None and (got.name, got.element, got.argument, got.message) == \
+        (want.name, want.element, want.argument, want.message)
+    return {"exact": same, "well_formed": got is not None,
+            "element": None if want.element is None else (got is not None and got.element == want.element),
+            "typed_args": None if want.name not in TYPED else (got is not None and got.argument == want.argument)}
+
+
+def summarise(marks: list[dict]) -> dict[str, float]:
+    out = {}
+    for key in ("exact", "element", "typed_args", "well_formed"):
+        vals = [m[key] for m in marks if m[key] is not None]
+        out[key] = round(sum(vals) / len(vals), 4) if vals else float("nan")
+        out[f"{key}_n"] = len(vals)
+    return out
+
+
+class NextActionCurve(TrainerCallback):
+    """Greedy next-action accuracy of the model being trained, every ``every`` optimizer steps (and at 0 and the
+    end); each point is appended to ``jsonl`` as it is measured."""
+
+    def __init__(self, prompts: list[str], actions: list[str], settings, every: int, jsonl: Path,
+                 pair_tokens: list[int], pairs_per_step: int) -> None:
+        self.prompts, self.actions, self.settings, self.every = prompts, actions, settings, every
+        self.jsonl, self.pair_tokens, self.pairs_per_step = jsonl, pair_tokens, pairs_per_step
+        self.points: list[dict] = []
+        self.train_s = 0.0
+        self._t = None
+
+    def measure(self, model, tok, step: int) -> dict:
+        import torch
+
+        from webrl_core.agent.policy import HFPolicy
+
+        t0 = time.perf_counter()
+        was_training = model.training
+        model.eval()
+        policy = HFPolicy.of_model(model, tok, self.settings.policy, self.settings.models)
+        with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16,
+                            enabled=self.settings.models.dtype == "bfloat16" and model.dtype != torch.bfloat16):
+            responses = policy.generate(self.prompts, temperature=0.0)
+        if was_training:
+            model.train()
+        marks = [score(r, a) for r, a in zip(responses, self.actions)]
+        pairs = min(step * self.pairs_per_step, len(self.pair_tokens) * 10**6)
+        seen = sum(self.pair_tokens[i % len(self.pair_tokens)] for i in range(pairs))
+        point = {"step": step, "pairs": pairs, "epochs": round(pairs / len(self.pair_tokens), 3), "tokens": seen,
+                 "train_s": round(self.train_s, 1), "tokens_per_s": round(seen / self.train_s) if self.train_s else None,
+                 "eval_s": round(time.perf_counter() - t0, 1), **summarise(marks),
+                 "examples": [{"oracle": a, "model": r} for r, a in list(zip(responses, self.actions))[:3]]}
+        self.points.append(point)
+        with self.jsonl.open("a") as f:
+            f.write(json.dumps(point) + "\n")
+        print(f"[sft-curve] step {step} pairs {pairs} tokens {seen} train {self.train_s:.0f}s: exact "
+              f"{point['exact']:.3f} element {point['element']:.3f} typed {point['typed_args']:.3f} well-formed "
+              f"{point['well_formed']:.3f} ({point['eval_s']:.0f}s)", flush=True)
+        return point
+
+    def on_step_begin(self, args, state, control, **kw):
+        self._t = time.perf_counter()
+
+    def on_step_end(self, args, state, control, model=None, processing_class=None, **kw):
+        self.train_s += time.perf_counter() - self._t
+        if state.global_step % self.every == 0 and state.global_step < state.max_steps:
+            self.measure(model, processing_class, state.global_step)
+
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kw):
+        self.measure(model, processing_class, 0)
+
+    def on_train_end(self, args, state, control, model=None, processing_class=None, **kw):
+        self.measure(model, processing_class, state.global_step)
+
+
+def plot(points: list[dict], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in ("exact", "element", "typed_args", "well_formed"):
+        ax.plot([p["pairs"] for p in points], [p[key] for p in points], marker="o", label=key)
+    ax.set_xlabel("training pairs seen")
+    ax.set_ylabel("share of validation steps")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: int, every: int,
+        out: str | Path, label: str = "") -> list[dict]:
+    """Collect (or reuse) the steps, render prompts in ``settings.prompt``'s format, train with the curve."""
+    import torch
+
+    from webrl_core.artifacts import ArtifactRef
+    from webrl_core.hardware import cpu_summary
+    from webrl_core.learn.models import encode_prompt_action, load_tokenizer
+    from webrl_core.learn.training import actor_micro_batches, sft_train
+    from webrl_core.pipeline import bootstrap
+    from webrl_core.prompts import build_prompt, prompt_format
+    from webrl_core.runs import tracking
+
+    run_dir, out = str(run_dir), Path(out)
+    if not settings.models.actor:
+        raise ValueError("bench sft-curve measures a pretrained actor (models.actor); this config has none")
+    train, val = collect(settings, run_dir, demos, val_tasks)
+    val = random.Random(settings.run.seed).sample(val, min(val_steps, len(val)))
+    tok = load_tokenizer(settings.models.actor)
+    fmt = prompt_format(settings, tok)
+    budget = settings.env.obs_char_budget
+
+    def render(s: dict) -> str:
+        return build_prompt(s["intent"], s["past"], s["html"], budget, compat=fmt)
+
+    pairs = [(render(s), s["action"]) for s in train]
+    random.Random(settings.run.seed).shuffle(pairs)
+    lengths = [len(encode_prompt_action(tok, p, a, settings.models.max_length)["input_ids"]) for p, a in pairs]
+    prompt_tokens = [len(tok(render(s))["input_ids"]) for s in val]
+    micro, accum = actor_micro_batches(settings)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    jsonl = out.with_suffix(".jsonl")
+    jsonl.unlink(missing_ok=True)
+    curve = NextActionCurve([render(s) for s in val], [s["action"] for s in val], settings, every, jsonl,
+                            lengths, micro * accum)
+    head = {"label": label, "cpu": cpu_summary(), "torch_threads": torch.get_num_threads(),
+            "prompt_format": fmt.key, "demos": demos, "train_pairs": len(pairs), "val_steps": len(val),
+            "median_prompt_tokens": statistics.median(prompt_tokens), "max_prompt_tokens": max(prompt_tokens),
+            "median_pair_tokens": statistics.median(lengths), "lr": settings.bootstrap.sft_lr,
+            "epochs": settings.bootstrap.sft_epochs, "train_layers": settings.models.train_layers,
+            "lora": settings.models.lora.enabled, "dtype": settings.models.dtype, "batch": micro * accum}
+    print(f"[sft-curve] {json.dumps(head)}", flush=True)
+    with tracking.start_run(run_dir, f"sft-curve {label or fmt.key}", experiment="webrl-bench",
+                            config=settings.model_dump(mode="json")):
+        tracking.log_metrics({k: v for k, v in head.items() if isinstance(v, (int, float))})
+        t0 = time.perf_counter()
+        metrics = sft_train(pairs, ArtifactRef.of(settings.models.actor, "model").path,
+                            Path(run_dir) / "sft-curve" / (label or "actor"), settings, callbacks=[curve])
+        for p in curve.points:
+            tracking.log_metrics({k: p[k] for k in ("exact", "element", "typed_args", "well_formed", "tokens")},
+                                 step=p["pairs"])
+        png = plot(curve.points, out.with_suffix(".png"),
+                   f"{label or fmt.key}: lr {settings.bootstrap.sft_lr:g}, {head['cpu']}")
+        tracking.log_artifact(png, "sft-curve")
+        tracking.log_artifact(jsonl, "sft-curve")
+    result = {**head, "wall_s": round(time.perf_counter() - t0, 1), "train_loss": metrics.get("train_loss"),
+              "points": curve.points}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    _print(result)
+    return curve.points
+
+
+def _print(r: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"webrl bench sft-curve {r['label']} ({r['prompt_format']}, median prompt "
+                    f"{r['median_prompt_tokens']} tokens, {r['cpu']})")
+    for col in ("pairs", "epochs", "tokens", "train s", "tokens/s", "exact", "element", "typed args", "well-formed"):
+        t.add_column(col, justify="right")
+    for p in r["points"]:
+        t.add_row(str(p["pairs"]), f"{p['epochs']:.2f}", str(p["tokens"]), f"{p['train_s']:.0f}",
+                  str(p["tokens_per_s"] or "-"), f"{100 * p['exact']:.1f}%", f"{100 * p['element']:.1f}%",
+                  f"{100 * p['typed_args']:.1f}% of {p['typed_args_n']}", f"{100 * p['well_formed']:.1f}%")
+    Console().print(t)

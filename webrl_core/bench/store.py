@@ -77,17 +77,19 @@ def run(n_steps: int = 1_000_000, phases: int = 5, batch_episodes: int = 2000, o
             prog.update(bar, completed=written)
     k = phases - 1
     timings = {}
-    for label, q in [
+    for label, q, params in [
         ("replay ids (successful steps, phase < k)",
-         "SELECT s.episode_id, s.idx FROM steps s JOIN episodes e USING (episode_id) WHERE e.success AND e.phase < $k"),
-        ("replay rows with prompt+response (Arrow)", TrajectoryStore.REPLAY_SQL.replace("$phase", "$k")),
+         "SELECT s.episode_id, s.idx FROM steps s JOIN episodes e USING (episode_id) WHERE e.success AND e.phase < $k",
+         {"k": k}),
+        # the replay stage's own query (TrajectoryStore.successful_steps), every lineage: no policy filter
+        ("replay rows with prompt+response (Arrow)", TrajectoryStore.REPLAY_SQL, {"phase": k, "lineage": None}),
         ("per-site success rate per phase",
-         "SELECT phase, site, avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) FROM episodes GROUP BY ALL"),
+         "SELECT phase, site, avg(CASE WHEN success THEN 1.0 ELSE 0.0 END) FROM episodes GROUP BY ALL", None),
     ]:
         best, rows = float("inf"), 0
         for _ in range(3):
             t0 = time.perf_counter()
-            tab = store.arrow(q, {"k": k} if "$k" in q else None)
+            tab = store.arrow(q, params)
             best = min(best, time.perf_counter() - t0)
             rows = tab.num_rows
         timings[label] = (best, rows)

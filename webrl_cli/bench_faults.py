@@ -9,7 +9,7 @@ def register(app: typer.Typer) -> None:
     @app.command("faults")
     def bench_faults(
         faults: str = typer.Option("", "--faults", help="comma-separated fault names (default: all): "
-                                   "generate, rollout, orm, replay, critic, actor, eval, chromium, sites"),
+                                   "generate, rollout, orm, replay, critic, actor, eval, chromium, sites, sites-eval"),
         root: str = typer.Option("", "--root", help="work folder (default: a new temporary one); a root that "
                                  "holds a bootstrap for the same config reuses it"),
         bootstrap: str = typer.Option("", "--bootstrap", help="an existing run dir whose phase 0 the rows fork "

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 app = typer.Typer(no_args_is_help=True)
 
+# the packaged configs, named in the help (listed from the folder: `webrl --help` stays fast)
+PACKAGED = ", ".join(sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "webrl_core" / "configs")
+                            .glob("*.yaml")))
+
 
 @app.command("show")
-def show(file: Optional[str] = typer.Argument(None, help="config YAML (a path or a packaged name: default, demo, smoke, webarena)"),
+def show(file: Optional[str] = typer.Argument(None, help=f"config YAML: a path or a packaged name ({PACKAGED})"),
          overlay: List[str] = typer.Option([], "--overlay", "-o", help="overlay YAML files applied in order"),
          set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides"),
          doc: bool = typer.Option(False, "--doc", help="print every field with its description and default")):
@@ -18,7 +23,7 @@ def show(file: Optional[str] = typer.Argument(None, help="config YAML (a path or
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.config import RENAMED, ConfigError, describe_fields, dump_config, load_config
+    from webrl_core.config import RENAMED, describe_fields, dump_config, load_config
 
     console = Console()
     if doc:
@@ -35,11 +40,7 @@ def show(file: Optional[str] = typer.Argument(None, help="config YAML (a path or
             renamed.add_row(old, new)
         console.print(renamed)
         return
-    try:
-        cfg = load_config(file, overlay, set_)
-    except ConfigError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2)
+    cfg = load_config(file, overlay, set_)  # a ConfigError is printed by webrl_cli.main
     typer.echo(dump_config(cfg), nl=False)
 
 

@@ -87,32 +87,53 @@ def play_cmd(
 ) -> None:
     """Act by hand: type actions in the WebRL grammar (do(...), exit(...), go_backward()); ':q' quits."""
     import asyncio
+    from urllib.parse import urlsplit
 
+    from playwright.async_api import Error as PlaywrightError
     from rich.console import Console
 
     from webrl_core.config import load_config
     from webrl_core.env.browser import BrowserPool, NoHooks, WebArenaHooks, url_host
     from webrl_core.env.web_env import WebEnv
+    from webrl_core.errors import BadInput, MissingInput
     from webrl_core.prompts import build_prompt
 
     settings = load_config(config, sets=set_ or ())
     cfg = settings.env
     console = Console()
     if Path(target).is_file():
-        data = json.loads(Path(target).read_text())
-        task = data[index] if isinstance(data, list) else data
+        from webrl_core.env.webarena import read_task_file
+
+        tasks = read_task_file(target)  # a TaskFileError names the file, the task and the field
+        if not 0 <= index < len(tasks):
+            raise BadInput(f"--index {index}: {target} holds {len(tasks)} task(s) (0 to {len(tasks) - 1})")
+        task = tasks[index]
         from webrl_core.env.webarena_login import LOGIN_SITES
 
         hooks = (WebArenaHooks(settings.sites.urls, settings.sites.auth_dir, reset_command=settings.sites.reset_command,
                                login_sites=LOGIN_SITES) if settings.sites.urls else NoHooks())
-    else:
+    elif urlsplit(target).scheme in ("http", "https") and urlsplit(target).netloc:
         task = {"task_id": "play", "intent": "(interactive)", "start_url": target, "sites": []}
         hooks = NoHooks(allowed=[url_host(target)] if url_host(target) else [])
+    elif "://" in target:
+        raise BadInput(f"{target}: not an http(s) URL; give a URL like http://127.0.0.1:PORT/ (`webrl sites serve` "
+                       f"prints the embedded sites' URLs) or a task JSON file")
+    else:
+        raise MissingInput(f"{target}: no such task file (nor a URL: give http://... or a WebArena-Lite task JSON file)")
+
+    async def start(env: WebEnv):
+        try:
+            return await env.reset(task, "play")
+        except PlaywrightError as e:  # nothing listens there, a DNS name that does not resolve, ...
+            said = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BadInput(f"{task.get('start_url')}: the page did not load ({said}); is a server listening there? "
+                           f"`webrl sites serve` prints the embedded sites' URLs (their ports change each start)") \
+                from None
 
     async def loop() -> None:
         async with BrowserPool(cfg) as pool:
             env = WebEnv(pool, cfg, hooks)
-            obs = await env.reset(task, "play")
+            obs = await start(env)
             past: list[str] = []
             while True:
                 text = build_prompt(env.task.get("intent", ""), past, obs.html, cfg.obs_char_budget) \

@@ -8,12 +8,16 @@ import sys
 from pathlib import Path
 
 import typer
+import typer.core
 
-# Errors that mean "the input is bad" (each names the file, the field or the value): printed without a traceback.
-INPUT_ERRORS = {"ConfigError", "TaskFileError", "StoreError", "ModelFolderError", "BadInputError"}
+try:  # typer 0.29 carries its own copy of click, and its commands raise that copy's exceptions
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - a typer that uses the click package
+    from click import exceptions as click_errors
+
+TRACEBACK_ENV = "WEBRL_TRACEBACK"
 _OWN_DIRS = tuple(str(Path(__file__).resolve().parent.parent / d) + os.sep
                   for d in ("webrl_core", "webrl_cli", "flows", "tasks"))
-TRACEBACK_ENV = "WEBRL_TRACEBACK"
 
 
 def _raised_by_webrl(e: BaseException) -> bool:
@@ -27,37 +31,83 @@ def _raised_by_webrl(e: BaseException) -> bool:
 
 
 def known_error(e: BaseException) -> int | None:
-    """Exit code for an error to print as one message (2: bad input, 1: a failure webrl explained), None for
-    everything else (a bug: keep the traceback)."""
-    if any(c.__name__ in INPUT_ERRORS and c.__module__.startswith("webrl_core") for c in type(e).__mro__):
+    """The exit code of an error to print as one message, None for everything else (a bug: keep the traceback).
+
+    2: bad input (``webrl_core.errors.BadInput``: configs, task files, the store, model folders, ...; a command-line
+    usage error; a ``ValueError`` that webrl's own code raised about a value). 1: a missing file or folder
+    (``MissingInput``, an ``OSError`` naming its path) or another failure webrl explains (``WebrlError``, a
+    ``RuntimeError`` or ``TimeoutError`` raised by webrl's own code)."""
+    from webrl_core.errors import exit_code
+
+    code = exit_code(e)
+    if code is not None:
+        return code
+    if isinstance(e, click_errors.UsageError):
         return 2
     if isinstance(e, OSError) and (e.filename or _raised_by_webrl(e)):
         return 1  # the message names the path (no such file, not a directory, read-only file system, ...)
-    if isinstance(e, (ValueError, RuntimeError, TimeoutError)) and not isinstance(e, NotImplementedError) \
-            and _raised_by_webrl(e):
+    if isinstance(e, ValueError) and _raised_by_webrl(e):
+        return 2
+    if isinstance(e, (RuntimeError, TimeoutError)) and not isinstance(e, NotImplementedError) and _raised_by_webrl(e):
         return 1
     return None
 
 
-class WebrlTyper(typer.Typer):
-    """``typer.Typer`` that prints known errors (``known_error``) as ``webrl: error: ...`` without a traceback;
-    set WEBRL_TRACEBACK=1 to get the traceback anyway. Unexpected errors keep typer's traceback."""
+def error_message(e: BaseException) -> str:
+    """The one message of a known error (``known_error``), without the ``webrl: error:`` prefix."""
+    from webrl_core.errors import WebrlError
 
-    def __call__(self, *args, **kwargs):
+    if isinstance(e, click_errors.UsageError):
+        where = e.ctx.command_path if e.ctx is not None else "webrl"
+        return f"{where}: {e.format_message()} (see {where} --help)"
+    if isinstance(e, WebrlError) or type(e) in (ValueError, RuntimeError) or known_error(e) == 2:
+        return str(e)
+    if isinstance(e, OSError) and e.filename and e.strerror:
+        return f"{e.filename}: {e.strerror}"
+    return f"{type(e).__name__}: {e}"  # e.g. "RunDirBusy: ...": the kind of failure tells what to do
+
+
+def report_error(e: BaseException) -> int | None:
+    """Print a known error as ``webrl: error: <message>`` on stderr and return its exit code; None (nothing printed)
+    for any other error, and for every error when WEBRL_TRACEBACK=1 asks for the traceback."""
+    code = known_error(e)
+    if code is None or (os.environ.get(TRACEBACK_ENV, "") not in ("", "0") and not isinstance(e, click_errors.UsageError)):
+        return None
+    typer.secho(f"webrl: error: {error_message(e)}", fg=typer.colors.RED, err=True)
+    from webrl_core.errors import BadInput, MissingInput
+
+    if code == 1 and not isinstance(e, (MissingInput, OSError, BadInput)):
+        typer.echo(f"({TRACEBACK_ENV}=1 shows the traceback)", err=True)
+    return code
+
+
+class WebrlGroup(typer.core.TyperGroup):
+    """The `webrl` command: the one place that turns errors into the documented message and exit code. Known errors
+    (``known_error``), a command-line usage error included, print ``webrl: error: ...`` without a traceback and exit
+    with 2 (bad input) or 1 (a missing file, another explained failure); set WEBRL_TRACEBACK=1 for the traceback.
+    Any other exception is a bug and keeps its traceback."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
-            return super().__call__(*args, **kwargs)
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click_errors.NoArgsIsHelpError as e:  # `webrl store`: the group's help, as click shows it
+            e.show()
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
         except Exception as e:
-            code = known_error(e)
-            if code is None or os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            code = report_error(e)
+            if code is None:
                 raise
-            name = "" if code == 2 or type(e) in (ValueError, RuntimeError) else f"{type(e).__name__}: "
-            typer.secho(f"webrl: error: {name}{e}", fg=typer.colors.RED, err=True)
-            typer.echo(f"({TRACEBACK_ENV}=1 shows the traceback)", err=True)
             sys.exit(code)
+        sys.exit(rv if isinstance(rv, int) else 0)  # a command's typer.Exit(code) comes back as its code
 
 
-app = WebrlTyper(help="webrl: WebRL web-agent training as cached Prefect flows.", no_args_is_help=True,
-                 pretty_exceptions_show_locals=False)
+app = typer.Typer(cls=WebrlGroup, help="webrl: WebRL web-agent training as cached Prefect flows.",
+                  no_args_is_help=True, pretty_exceptions_show_locals=False)
 
 
 @app.callback()

@@ -30,13 +30,9 @@ def _load(config: str, set_: list[str], flow: str | None = None, run_dir: str | 
           phase: int | None = None, model: str | None = None):
     """Resolve the config and, for a flow, check its inputs before Prefect starts (seconds instead of a
     minute and a traceback); the flow checks them again, for runs started from a deployment."""
-    from webrl_core.config import ConfigError, load_config
+    from webrl_core.config import load_config
 
-    try:
-        s = load_config(config, sets=set_)
-    except ConfigError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2)
+    s = load_config(config, sets=set_)  # a ConfigError is printed by webrl_cli.main
     if flow is not None:
         from webrl_core.pipeline import validate
         from webrl_core.runs import runlock
@@ -108,12 +104,8 @@ def ablate(config: str = typer.Option("demo", help="config"),
         ablation.variant_overrides(v)  # an unknown name fails before Prefect starts
     seed_list = [int(x) for x in seeds.split(",") if x.strip()]
     settings = _load(config, set_)
-    if bootstrap:
-        try:  # a misfit bootstrap fails before Prefect starts
-            ablation.check_shared_bootstrap(bootstrap, settings, seed_list)
-        except ablation.ForkError as e:
-            typer.echo(str(e), err=True)
-            raise typer.Exit(2)
+    if bootstrap:  # a misfit bootstrap fails before Prefect starts
+        ablation.check_shared_bootstrap(bootstrap, settings, seed_list)
     from flows.ablate import webrl_ablate
 
     out = webrl_ablate(config=config, phases=phases, seeds=seed_list, variants=chosen, run_dir=run_dir,

@@ -55,8 +55,12 @@ def serve_mlflow(run_dir: str = typer.Option("runs/demo", help="run directory wh
 
     from webrl_cli.prefect_stack import descendants, stop_group, terminate, watchdog
 
+    from webrl_core.errors import MissingInput
+
     run = Path(run_dir).resolve()
-    run.mkdir(parents=True, exist_ok=True)
+    if not run.is_dir():  # a typo would otherwise serve an empty UI from a new folder
+        raise MissingInput(f"--run-dir {run_dir}: no such run directory (`webrl demo`, `webrl train` or "
+                           f"`webrl bootstrap` make one)")
     env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
            "--backend-store-uri", f"sqlite:///{run / 'mlflow.db'}", "--artifacts-destination", str(run / "mlartifacts")]

@@ -10,17 +10,23 @@ import typer
 app = typer.Typer(no_args_is_help=True)
 
 
-def _store(run_dir: str):
-    from webrl_core.runs.store import StoreError, TrajectoryStore
+def _no_store(run_dir: str) -> None:
+    """A MissingInput naming the folder when ``run_dir`` has no store (nothing is created)."""
+    from webrl_core.errors import MissingInput
 
-    if not (Path(run_dir) / "store").exists():
-        typer.echo(f"no store at {Path(run_dir) / 'store'} (is {run_dir!r} a run directory?)", err=True)
-        raise typer.Exit(2)
-    try:
-        return TrajectoryStore(run_dir)
-    except StoreError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2)
+    if not (Path(run_dir) / "store").is_dir():
+        raise MissingInput(f"no store at {Path(run_dir) / 'store'} (is {run_dir!r} a run directory?)")
+
+
+def _store(run_dir: str):
+    """The run's store (its errors, a StoreError or a missing store, are printed by webrl_cli.main); refreshes
+    ``store/webrl.duckdb`` for the duckdb CLI when the files or the run dir's place changed."""
+    from webrl_core.runs.store import TrajectoryStore
+
+    _no_store(run_dir)
+    store = TrajectoryStore(run_dir)
+    store.ensure_duckdb_file()
+    return store
 
 
 @app.command("migrate")
@@ -28,9 +34,7 @@ def migrate(run_dir: str = typer.Argument(..., help="run directory whose store a
     """Upgrade a store written by an earlier schema version in place (every row is kept)."""
     from webrl_core.runs.store import TrajectoryStore
 
-    if not (Path(run_dir) / "store").exists():
-        typer.echo(f"no store at {Path(run_dir) / 'store'}", err=True)
-        raise typer.Exit(2)
+    _no_store(run_dir)
     out = TrajectoryStore(run_dir, check_version=False).migrate()
     typer.echo(f"store {Path(run_dir) / 'store'}: schema v{out['from']} -> v{out['to']}, {out['episodes']} episodes updated")
 
@@ -64,13 +68,14 @@ def query(run_dir: str = typer.Argument(..., help="run directory"),
     from rich.console import Console
     from rich.table import Table
 
+    from webrl_core.errors import BadInput
+
     store = _store(run_dir)
     con = store.connect()
     try:
         rel = con.sql(sql)
     except duckdb.Error as e:
-        typer.echo(f"query failed: {e}", err=True)
-        raise typer.Exit(2)
+        raise BadInput(f"query failed: {e}") from None
     if rel is None:
         return
     if csv:
@@ -97,12 +102,19 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
 
     from webrl_core.learn.transitions import episode_transitions, export_official
 
+    from webrl_core.errors import BadInput
+
+    if format not in ("webrl-pt", "jsonl"):
+        raise typer.BadParameter(f"--format {format!r}: allowed values are webrl-pt, jsonl")
     store = _store(run_dir)
     episodes = [e for e in store.episodes(phase) if e["status"] != "error"]
+    if not episodes:
+        phases = [r["phase"] for r in store.sql("SELECT DISTINCT phase FROM episodes WHERE status <> 'error' "
+                                                "ORDER BY phase")]
+        raise BadInput(f"--phase {phase}: the store {store.root} has no episode of phase {phase} (phases with "
+                       f"episodes: {', '.join(map(str, phases)) or 'none'}; `webrl eval` stores its episodes as phase "
+                       f"100); nothing written")
     steps = store.steps(phase)
-    if format not in ("webrl-pt", "jsonl"):
-        typer.echo(f"--format {format!r}: allowed values are webrl-pt, jsonl", err=True)
-        raise typer.Exit(2)
     ext = "pt" if format == "webrl-pt" else "jsonl"
     path = Path(out or Path(run_dir) / "export" / f"phase={phase}.{ext}")
     path.parent.mkdir(parents=True, exist_ok=True)

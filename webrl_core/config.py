@@ -31,6 +31,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from webrl_core.errors import BadInput, MissingInput
 from webrl_core.hardware import auto_dtype
 from webrl_core.pretrained import resolve_model_ref, setup_command
 from webrl_core.websites import ALL_SITES
@@ -54,8 +55,12 @@ RENAMED: dict[str, str] = {
 release; then this table goes."""
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput):
     """A config could not be loaded; the message names the file, the field and what is allowed."""
+
+
+class ConfigFileMissing(ConfigError, MissingInput):
+    """The config file (or an ``extends:`` parent) does not exist and is no packaged config."""
 
 
 class Section(BaseModel):
@@ -632,7 +637,7 @@ def _resolve_ref(ref: str, base: Path | None) -> Path:
     if pk.exists():
         return pk
     where = f" (referenced from {base})" if base else ""
-    raise ConfigError(f"config file not found: {ref!r}{where}; packaged configs: {packaged_config_names()}")
+    raise ConfigFileMissing(f"config file not found: {ref!r}{where}; packaged configs: {packaged_config_names()}")
 
 
 def _deep_merge(a: dict, b: dict) -> dict:

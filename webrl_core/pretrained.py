@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from webrl_core.artifacts import sha256_file
+from webrl_core.errors import BadInput, MissingInput
 
 CACHE_ENV = "WEBRL_MODEL_CACHE"
 MANIFEST = "webrl-model.json"
@@ -48,8 +49,15 @@ KNOWN: dict[str, KnownModel] = {
 ALIASES = {"smollm2-135m": "smollm2-135m-instruct", "smollm2": "smollm2-135m-instruct"}
 
 
-class PretrainedModelMissing(FileNotFoundError):
+class PretrainedModelMissing(MissingInput):
     """A short model name whose folder was not made yet; the message names the command that makes it."""
+
+
+class UnknownModel(BadInput):
+    """A name that is no known model (``webrl models list``)."""
+
+
+GGUF_MAGIC = b"GGUF"  # the first four bytes of every GGUF file
 
 
 def cache_dir() -> Path:
@@ -66,10 +74,11 @@ def canonical_name(value: str | None) -> str | None:
 
 
 def known_name(name: str) -> str:
-    """The canonical name of a known model (``canonical_name``); KeyError naming the known ones otherwise."""
+    """The canonical name of a known model (``canonical_name``); ``UnknownModel`` naming the known ones otherwise."""
     key = canonical_name(name)
     if key is None:
-        raise KeyError(f"{name!r} is not a known model name; known: {', '.join(sorted(KNOWN))}")
+        raise UnknownModel(f"{name!r} is not a known model name; known: {', '.join(sorted(KNOWN))} (aliases: "
+                           f"{', '.join(sorted(ALIASES))}; `webrl models list` shows them)")
     return key
 
 
@@ -110,14 +119,25 @@ def packaged_gguf(name: str) -> Path:
     return f
 
 
+def check_gguf_file(gguf_file: str | os.PathLike) -> Path:
+    """The path of an existing GGUF file (its magic bytes checked); ``MissingInput`` or ``BadInput`` otherwise."""
+    f = Path(gguf_file)
+    if not f.is_file():
+        raise MissingInput(f"GGUF file {str(gguf_file)!r} does not exist")
+    with open(f, "rb") as fh:
+        head = fh.read(len(GGUF_MAGIC))
+    if head != GGUF_MAGIC:
+        raise BadInput(f"{gguf_file}: not a GGUF file (it starts with {head!r}; a GGUF file starts with "
+                       f"{GGUF_MAGIC!r})")
+    return f
+
+
 def load_gguf(gguf_file: str | os.PathLike):
     """(model, tokenizer) as transformers loads a GGUF file: dequantised float32, eval mode."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    f = Path(gguf_file)
-    if not f.is_file():
-        raise FileNotFoundError(f"GGUF file {str(gguf_file)!r} does not exist")
+    f = check_gguf_file(gguf_file)
     if importlib.util.find_spec("gguf") is None:
         raise ModuleNotFoundError("reading a GGUF file needs the 'gguf' package: pip install gguf==0.19.0")
     tok = AutoTokenizer.from_pretrained(str(f.parent), gguf_file=f.name)
@@ -129,9 +149,6 @@ def import_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, name: str 
     """Write ``out``: a plain HF folder (safetensors, tokenizer with its chat template, no ``quantization_config``)
     with the GGUF's weights, plus the manifest. An existing complete folder made from the same file is kept as it
     is (the manifest is written once); one made from another file is an error."""
-    import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig
-
     src, dst = Path(gguf_file), Path(os.path.expanduser(str(out)))
     digest = sha256_file(src) if src.is_file() else None
     if (dst / MANIFEST).is_file():
@@ -142,6 +159,10 @@ def import_gguf(gguf_file: str | os.PathLike, out: str | os.PathLike, name: str 
                               f"(sha256 {str(old.get('source_sha256'))[:12]}); remove it or choose another folder")
     if dst.exists() and any(dst.iterdir()):
         raise FileExistsError(f"{dst} exists and is not a webrl model folder (no {MANIFEST}); choose another folder")
+    check_gguf_file(src)  # before torch and transformers load (seconds)
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
     t0 = time.time()
     model, tok = load_gguf(src)
     config = model.config

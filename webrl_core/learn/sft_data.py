@@ -20,14 +20,19 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from webrl_core.errors import BadInput, MissingInput
 from webrl_core.websites import is_success
 
 HUMAN_ROLES = ("human", "user")
 GPT_ROLES = ("gpt", "assistant")
 
 
-class DemonstrationError(ValueError):
+class DemonstrationError(BadInput):
     """A demonstrations file or folder cannot be read; the message names the file, the item and the field."""
+
+
+class DemonstrationMissing(DemonstrationError, MissingInput):
+    """The demonstrations file does not exist."""
 
 
 def read_sharegpt(path: str | Path) -> list[tuple[str, str]]:
@@ -36,7 +41,7 @@ def read_sharegpt(path: str | Path) -> list[tuple[str, str]]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise DemonstrationError(f"{path}: demonstrations file not found") from None
+        raise DemonstrationMissing(f"{path}: demonstrations file not found") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DemonstrationError(f"{path}: not JSON ({e})") from None
     if not isinstance(data, list):

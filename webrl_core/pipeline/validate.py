@@ -31,14 +31,20 @@ from pathlib import Path
 from typing import Any
 
 from webrl_core.config import WebRLSettings, dump_config
+from webrl_core.errors import BadInput, MissingInput
 from webrl_core.websites import SITES
 
 CONFIG_FILE = "config.yaml"
 HISTORY_DIR = "config-history"
 
 
-class BadInputError(ValueError):
+class BadInputError(BadInput):
     """Bad user input found before work starts; the message names the file, the field or the value."""
+
+
+class InputMissing(BadInputError, MissingInput):
+    """A file or folder a run needs does not exist; the message names it and, where there is one, the command that
+    makes it."""
 
 
 # ------------------------------------------------------------------------------------------------ run dir
@@ -187,8 +193,12 @@ def check_test_set_file(settings: WebRLSettings) -> list[dict] | None:
         return None
     p = Path(os.path.expanduser(src))
     if not p.exists():
-        raise BadInputError(f"eval.test_set: no file {src!r} (from {Path.cwd()}); expected 'embedded' or a "
-                            f"WebArena-Lite task JSON file")
+        from webrl_core.env.webarena import WEBARENA_LITE_FILE
+
+        hint = (f"; `webrl tasks fetch-webarena-lite` writes the official {WEBARENA_LITE_FILE} here"
+                if p.name == WEBARENA_LITE_FILE else "")
+        raise InputMissing(f"eval.test_set: no file {src!r} (from {Path.cwd()}); expected 'embedded' or a "
+                           f"WebArena-Lite task JSON file{hint}")
     tasks = read_task_file(p)  # TaskFileError names the file, the task and the field
     check_test_set(tasks, f"eval.test_set {src}")
     lines = unserved_sites(tasks, served_sites(settings), src)
@@ -275,9 +285,9 @@ def check_phase_inputs(run_dir: str | os.PathLike, phase: int, settings: WebRLSe
     if missing:
         prev = ("the bootstrap: `webrl bootstrap" if phase == 1 else f"phase {phase - 1} first: `webrl phase "
                 f"--phase {phase - 1}")
-        raise BadInputError(f"phase {phase} needs {', '.join(str(p) for p in missing)}, which do(es) not exist; "
-                            f"run {prev} --config <this config> --run-dir {rd}` (or `webrl train`, which runs "
-                            f"every phase in order)")
+        raise InputMissing(f"phase {phase} needs {', '.join(str(p) for p in missing)}, which do(es) not exist; "
+                           f"run {prev} --config <this config> --run-dir {rd}` (or `webrl train`, which runs "
+                           f"every phase in order)")
 
 
 def check_store(run_dir: str | os.PathLike) -> None:

@@ -6,7 +6,9 @@ Layout (``<run_dir>/store``)::
     episodes/phase=k/<batch>.parquet   one row per episode (latest write per episode_id wins)
     steps/phase=k/<batch>.parquet      one row per step, tagged with the batch of its episode write
     scores/phase=k/<batch>.parquet     per-step / per-task values written by later stages
-    webrl.duckdb                       views over the files, for `duckdb` users
+    webrl.duckdb                       the four views over the files, for the duckdb CLI (`duckdb <this file>`);
+                                       rewritten when a table gets its first file or the run dir is moved or
+                                       copied (webrl.duckdb.json records what it was written for)
 
 Atomicity: a batch is written to ``<name>.parquet.tmp`` and renamed; readers only glob ``*.parquet``,
 so a crash mid-write leaves at most a ``.tmp`` file that reads ignore (and ``cleanup_tmp`` removes).
@@ -27,6 +29,7 @@ See ``SCHEMAS`` for columns.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -40,8 +43,15 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from webrl_core.errors import BadInput
+
 SCHEMA_VERSION = 2
 SCHEMA_FILE = "schema.json"
+DUCKDB_FILE = "webrl.duckdb"
+DUCKDB_STATE = "webrl.duckdb.json"  # the absolute store path and the tables with files that DUCKDB_FILE was written for
+# The file's storage format: the duckdb CLI (PyPI's duckdb-cli 1.5, infra/requirements.txt) reads formats up to
+# DuckDB 1.5's, and the Python package 2.0 writes a newer one unless told otherwise.
+DUCKDB_STORAGE = "v1.0.0"
 
 _S, _I, _F, _B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 
@@ -84,8 +94,8 @@ _KEYS = {"tasks": ["task_id"], "episodes": ["episode_id"], "scores": ["kind", "e
 _EXTRA = [pa.field("_batch", _S), pa.field("_schema", _I)]
 
 
-class StoreError(ValueError):
-    pass
+class StoreError(BadInput):
+    """The store cannot be read or written as asked: its schema version, a damaged file, a row that does not fit."""
 
 
 def _batch_id() -> str:
@@ -123,6 +133,7 @@ class TrajectoryStore:
         self._lock = threading.Lock()
         self._con: duckdb.DuckDBPyConnection | None = None
         self._digests: dict[str, str] | None = None
+        self._checked_file: set[str] = set()  # tables after whose first write here DUCKDB_FILE was checked
         if check_version:
             self._check_version()
 
@@ -196,6 +207,12 @@ class TrajectoryStore:
             with open(tmp, "rb") as fh:
                 os.fsync(fh.fileno())
             os.replace(tmp, final)
+        if name not in self._checked_file:  # once per table and store object: a first file, or a moved run dir
+            self._checked_file.add(name)
+            try:
+                self.ensure_duckdb_file()
+            except (duckdb.Error, OSError, StoreError):
+                pass  # a convenience for the duckdb CLI: the Parquet files are the store, and reads name what is wrong
         return len(rows)
 
     def write_tasks(self, rows: Iterable[dict]) -> int:
@@ -286,16 +303,18 @@ class TrajectoryStore:
     def _has(self, name: str) -> bool:
         return any((self.root / name).glob("phase=*/*.parquet"))
 
-    def _source(self, name: str) -> str:
+    def _source(self, name: str, root: Path | None = None) -> str:
         if self._has(name):
-            glob = (self.root / name / "phase=*" / "*.parquet").as_posix()
+            glob = ((root or self.root) / name / "phase=*" / "*.parquet").as_posix()
             return f"read_parquet('{glob}', hive_partitioning=false, union_by_name=true)"
         cols = ", ".join(f"NULL::{_duck(f.type)} AS {f.name}" for f in list(SCHEMAS[name]) + _EXTRA)
         return f"(SELECT {cols} WHERE false)"
 
-    def view_sql(self) -> dict[str, str]:
-        """SQL of the four deduplicated views (latest batch per key)."""
-        t, e, s, sc = (self._source(n) for n in ("tasks", "episodes", "steps", "scores"))
+    def view_sql(self, absolute: bool = False) -> dict[str, str]:
+        """SQL of the four deduplicated views (latest batch per key); ``absolute``: the files by absolute path (for
+        a database file opened from anywhere)."""
+        root = self.root.resolve() if absolute else None
+        t, e, s, sc = (self._source(n, root) for n in ("tasks", "episodes", "steps", "scores"))
         # episodes: latest row per episode_id; updates carry "<batch>-u<new>" so they sort after the original.
         # The batch of the steps is the prefix before "-u".
         return {
@@ -323,16 +342,48 @@ class TrajectoryStore:
             raise damaged_files_error(self.root, e) or e
         return con
 
-    def refresh_duckdb_file(self) -> Path:
-        """Write ``webrl.duckdb`` with the views, for people who open the store with the duckdb CLI."""
-        path = self.root / "webrl.duckdb"
+    def _duckdb_state(self) -> dict:
+        return {"root": str(self.root.resolve()), "tables": [n for n in SCHEMAS if self._has(n)]}
+
+    def ensure_duckdb_file(self) -> Path:
+        """``refresh_duckdb_file`` when ``webrl.duckdb`` is missing or was written for other files: a table that had
+        none has some now, or the run dir was moved or copied (its views name the files by absolute path). The views
+        glob the files, so new files of a table need nothing."""
+        path = self.root / DUCKDB_FILE
         try:
-            con = duckdb.connect(str(path))
-            for name, q in self.view_sql().items():
-                con.execute(f"CREATE OR REPLACE VIEW {name} AS {q}")
-            con.close()
-        except duckdb.Error:  # another process holds it (or a file is damaged): the parquet files are the truth
-            pass
+            old = json.loads((self.root / DUCKDB_STATE).read_text())
+        except (OSError, ValueError):
+            old = None
+        if old != self._duckdb_state() or not path.is_file():
+            self.refresh_duckdb_file()
+        return path
+
+    def refresh_duckdb_file(self) -> Path:
+        """Write ``webrl.duckdb``: a DuckDB database that holds the four views (tasks, episodes, steps, scores) over
+        this store's files, for the duckdb CLI (``duckdb <run_dir>/store/webrl.duckdb``). Written to a temporary
+        file and renamed, under a lock, so a reader never sees half a file and a CLI that has the old one open does
+        not block it. A damaged Parquet file fails with the ``StoreError`` that names it."""
+        path = self.root / DUCKDB_FILE
+        with open(self.root / f".{DUCKDB_FILE}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one writer at a time: the last rename carries the newest views
+            state = self._duckdb_state()
+            tmp = self.root / f".{DUCKDB_FILE}.{os.getpid()}-{threading.get_ident()}.tmp"
+            try:
+                con = duckdb.connect(str(tmp), config={"storage_compatibility_version": DUCKDB_STORAGE})
+                try:
+                    for name, q in self.view_sql(absolute=True).items():
+                        con.execute(f"CREATE VIEW {name} AS {q}")
+                finally:
+                    con.close()
+                os.replace(tmp, path)
+            except duckdb.Error as e:
+                raise damaged_files_error(self.root, e) or e
+            finally:
+                tmp.unlink(missing_ok=True)
+                Path(f"{tmp}.wal").unlink(missing_ok=True)
+            part = self.root / f".{DUCKDB_STATE}.{os.getpid()}-{threading.get_ident()}.tmp"
+            part.write_text(json.dumps(state))
+            os.replace(part, self.root / DUCKDB_STATE)
         return path
 
     def sql(self, query: str, params: dict | list | None = None) -> list[dict]:

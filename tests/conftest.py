@@ -18,7 +18,8 @@ import os
 
 import pytest
 
-SMOKE_RUN_FILES = {"tests/flows/test_flows.py", "tests/flows/test_ablate.py", "tests/flows/test_faults.py"}
+SMOKE_RUN_FILES = {"tests/flows/test_flows.py", "tests/flows/test_ablate.py", "tests/flows/test_faults.py",
+                   "tests/flows/test_docs_commands.py"}
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -148,6 +148,7 @@ def _stop_and_check(proc: subprocess.Popen, log: Path, port: int, sig: int, min_
 def test_serve_mlflow_stops_its_tree(tmp_path, sig):
     port = _free_port()
     log = tmp_path / "serve.log"
+    (tmp_path / "run").mkdir()  # a run dir: `webrl serve mlflow` refuses a folder that does not exist
     with open(log, "w") as out:
         proc = subprocess.Popen([WEBRL, "serve", "mlflow", "--run-dir", str(tmp_path / "run"), "--port", str(port)],
                                 env=_env(tmp_path), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

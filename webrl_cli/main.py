@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import typer
-import typer.core
 
 try:  # typer 0.29 carries its own copy of click, and its commands raise that copy's exceptions
     from typer._click import exceptions as click_errors
@@ -81,17 +80,16 @@ def report_error(e: BaseException) -> int | None:
     return code
 
 
-class WebrlGroup(typer.core.TyperGroup):
-    """The `webrl` command: the one place that turns errors into the documented message and exit code. Known errors
-    (``known_error``), a command-line usage error included, print ``webrl: error: ...`` without a traceback and exit
-    with 2 (bad input) or 1 (a missing file, another explained failure); set WEBRL_TRACEBACK=1 for the traceback.
-    Any other exception is a bug and keeps its traceback."""
+class WebrlTyper(typer.Typer):
+    """The `webrl` command (the console script and ``python -m webrl_cli.main`` call it): the one place that turns
+    errors into the documented message and exit code. Known errors (``known_error``), a command-line usage error
+    included, print ``webrl: error: ...`` without a traceback and exit with 2 (bad input) or 1 (a missing file,
+    another explained failure); set WEBRL_TRACEBACK=1 for the traceback. Any other exception is a bug and keeps its
+    traceback. (typer's CliRunner calls the command's ``main`` instead, so tests there see the exception itself.)"""
 
-    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+    def __call__(self, *args, **kwargs):
         try:
-            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            rv = super().__call__(*args, standalone_mode=False, **kwargs)
         except click_errors.NoArgsIsHelpError as e:  # `webrl store`: the group's help, as click shows it
             e.show()
             sys.exit(e.exit_code)
@@ -106,8 +104,8 @@ class WebrlGroup(typer.core.TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)  # a command's typer.Exit(code) comes back as its code
 
 
-app = typer.Typer(cls=WebrlGroup, help="webrl: WebRL web-agent training as cached Prefect flows.",
-                  no_args_is_help=True, pretty_exceptions_show_locals=False)
+app = WebrlTyper(help="webrl: WebRL web-agent training as cached Prefect flows.", no_args_is_help=True,
+                 pretty_exceptions_show_locals=False)
 
 
 @app.callback()

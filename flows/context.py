@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -15,7 +19,8 @@ from webrl_core.runs import runlock, tracking
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import WebRLSettings, load_config
 from webrl_core.logs import quiet_libraries
-from webrl_core.runs.rundir import model_ref, run_identity
+from webrl_core.runs.rundir import (library_source_digest, model_ref, results_dir, run_dir_of, run_identity,
+                                   source_digest)
 
 
 @dataclass(frozen=True)
@@ -23,17 +28,26 @@ class RunContext:
     """One run of a flow: the resolved settings, the run directory and its run id.
 
     ``run(task, *args)`` calls a stage's Prefect task with what it gets of the run (the config sections its stage
-    declares, run dir, run id); ``run.submit(task, *args)`` does the same concurrently and returns the future."""
+    declares, run dir, run id); ``run.submit(task, *args)`` does the same concurrently and returns the future.
+    The task's result, and so its cache, is stored in the run dir (``<run_dir>/.prefect-results``): whichever
+    process runs the flow (the CLI, a worker started anywhere) finds the cache of the run dir it works on.
+    ``with run.record(*results):`` is the flow's MLflow run (see ``record``)."""
 
     settings: WebRLSettings
     run_dir: str
     run_id: str
+    run_name: str = ""
+    params: dict = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
 
     def __call__(self, stage_task: Any, *args: Any, **kwargs: Any) -> Any:
-        return stage_task(self.stage_run(stage_task), *args, **kwargs)
+        return self._in_run_dir(stage_task)(self.stage_run(stage_task), *args, **kwargs)
 
     def submit(self, stage_task: Any, *args: Any, **kwargs: Any) -> Any:
-        return stage_task.submit(self.stage_run(stage_task), *args, **kwargs)
+        return self._in_run_dir(stage_task).submit(self.stage_run(stage_task), *args, **kwargs)
+
+    def _in_run_dir(self, stage_task: Any) -> Any:
+        return stage_task.with_options(result_storage=results_dir(self.run_dir))  # a Path: a local folder
 
     def stage_run(self, stage_task: Any) -> StageRun:
         return StageRun.of(self.settings, self.run_dir, self.run_id, stage_task.stage)
@@ -42,21 +56,49 @@ class RunContext:
         """The published model ``name`` (actor, critic, orm) of a phase of this run."""
         return model_ref(self.run_dir, phase, name)
 
+    @contextlib.contextmanager
+    def record(self, *results: Any) -> Iterator[Any]:
+        """The flow's MLflow run (params: the resolved config), opened once ``results`` (artifact refs, metrics) are
+        known, with the flow's start time; sub-flows opened inside it nest under it.
+
+        One MLflow run per result: its key digests the flow, its parameters, the config, the code, the run dir's
+        identity and ``results`` (refs by content). A flow run with the key of an earlier one continues that MLflow
+        run and adds only values it does not hold yet (``tracking.start_run``), so re-running a finished phase from
+        the cache, from the CLI or a deployment, writes no new MLflow run and no new model version."""
+        resolved = self.settings.model_dump(mode="json")
+        key = hashlib.sha256(json.dumps(
+            [self.run_name, self.params, resolved, code_digest(), self.run_id,
+             [getattr(r, "sha256", r) for r in results]], sort_keys=True, default=str).encode()).hexdigest()
+        with tracking.start_run(self.run_dir, self.run_name, config=resolved, key=key, started_at=self.started,
+                                experiment=self.settings.tracking.experiment,
+                                configured_uri=self.settings.tracking.mlflow_uri) as mlflow_run:
+            yield mlflow_run
+
+
+@lru_cache(maxsize=1)
+def code_digest() -> str:
+    """The code a flow runs: the library, the task wrappers and the flows."""
+    here = Path(__file__).resolve().parent
+    return hashlib.sha256(f"{library_source_digest()}:{source_digest(here)}:{source_digest(here.parent / 'tasks')}"
+                          .encode()).hexdigest()
+
 
 @contextlib.contextmanager
 def open_run(config: str, overrides: list[str] | None, run_dir: str | None, flow: str, run_name: str,
-             phase: int | None = None, model: str | None = None) -> Iterator[RunContext]:
-    """Resolve the config; check every input before any work (``validate.preflight``: run dir, test set, store,
-    endpoint, checkpoints); hold the run dir's lock (a second flow on the same run dir is refused, never run
-    twice; ``runlock``); record the config (an earlier, different one is kept); open the MLflow run."""
+             phase: int | None = None, model: str | None = None, params: dict | None = None) -> Iterator[RunContext]:
+    """Resolve the config and the run dir (``run_dir_of``: ``run_dir``, else the run root and ``run.name``); check
+    every input before any work (``validate.preflight``: run dir, test set, store, endpoint, checkpoints); hold the
+    run dir's lock (a second flow on the same run dir is refused, never run twice; ``runlock``); record the config
+    (an earlier, different one is kept). The MLflow run is the flow's ``run.record(...)``; ``phase``, ``model`` and
+    ``params`` are the flow's parameters that its key includes."""
+    started = time.time()
     quiet_libraries()  # a flow run started by a Prefect worker gets the CLI's quiet defaults too
     settings = load_config(config, sets=overrides or [])
-    rd = str(Path(run_dir or settings.run_dir()).resolve())
+    rd = str(run_dir_of(settings, run_dir))
     runlock.check_free(rd, f"webrl-{flow}", phase)  # busy: say so, not what the running flow has yet to write
     for warning in validate.preflight(settings, rd, model=model, phase=phase, flow=flow):
         get_run_logger().warning(warning)
     with runlock.hold(rd, flow=f"webrl-{flow}", phase=phase):
         validate.record_config(rd, settings)
-        with tracking.start_run(rd, run_name, config=settings.model_dump(mode="json"),
-                                experiment=settings.tracking.experiment, configured_uri=settings.tracking.mlflow_uri):
-            yield RunContext(settings, rd, run_identity(rd))
+        yield RunContext(settings, rd, run_identity(rd), run_name,
+                         {"flow": flow, "phase": phase, "model": model, **(params or {})}, started)

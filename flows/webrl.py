@@ -79,9 +79,10 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
         critic = run(T.init_critic, actor)
         evaluation, eval_metrics = run(T.evaluate, 0, actor, test_set)
         metrics.update(eval_metrics)
-        tracking.log_metrics(metrics, step=0)
-        create_markdown_artifact(report.publish_phase(run.run_dir, 0, metrics), key="webrl-phase-0",
-                                 description="bootstrap summary")
+        with run.record(actor, orm, critic, evaluation, metrics):
+            tracking.log_metrics(metrics, step=0)
+            create_markdown_artifact(report.publish_phase(run.run_dir, 0, metrics), key="webrl-phase-0",
+                                     description="bootstrap summary")
         get_run_logger().info("bootstrap done: test success %.3f", eval_metrics["test_success_rate"])
         return {"actor": actor, "orm": orm, "critic": critic, "eval": evaluation, "metrics": metrics}
 
@@ -124,9 +125,10 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
                    "rollout_episodes": rollouts["n"], "rollout_errors": rollouts["errors"], **labels,
                    **sample_stats, **replay_stats, **{f"critic_{n}": v for n, v in critic_stats.items()},
                    **{f"actor_{n}": v for n, v in actor_stats.items()}, **eval_metrics}
-        tracking.log_metrics(metrics, step=k)
-        create_markdown_artifact(report.publish_phase(run.run_dir, k, metrics, actor_ref=actor),
-                                 key=f"webrl-phase-{k}", description=f"phase {k} summary")
+        with run.record(actor, critic, evaluation, metrics):
+            tracking.log_metrics(metrics, step=k)
+            create_markdown_artifact(report.publish_phase(run.run_dir, k, metrics, actor_ref=actor),
+                                     key=f"webrl-phase-{k}", description=f"phase {k} summary")
         create_table_artifact(report.results_table(run.run_dir), key=f"webrl-success-phase-{k}",
                               description="test success per site")
         get_run_logger().info("phase %d done: test success %.3f", k, eval_metrics["test_success_rate"])
@@ -138,7 +140,8 @@ def webrl_train(config: str = "demo", phases: int | None = None, run_dir: str | 
                 overrides: list[str] | None = None) -> dict:
     """Bootstrap (when needed) then N phases, each a sub-flow, nested under one MLflow run."""
     results = {}
-    with open_run(config, overrides, run_dir, "train", "webrl-train") as run:
+    with open_run(config, overrides, run_dir, "train", "webrl-train", params={"phases": phases}) as run, \
+            run.record():  # opened first: the phases' MLflow runs nest under it
         n = run.settings.run.phases if phases is None else phases
         results[0] = webrl_bootstrap(config, run.run_dir, overrides)
         for k in range(1, n + 1):
@@ -153,12 +156,13 @@ def webrl_eval(config: str = "demo", model: str = "", run_dir: str | None = None
                overrides: list[str] | None = None, tag: int = 100) -> dict:
     """Evaluate a checkpoint (HF folder) on the test set; its episodes are stored as phase `tag` with purpose
     eval and keyed by the checkpoint's digest, the result in ``eval/model=<digest[:12]>.json``."""
-    with open_run(config, overrides, run_dir, "eval", "webrl-eval", model=model) as run:
+    with open_run(config, overrides, run_dir, "eval", "webrl-eval", model=model, params={"tag": tag}) as run:
         if not model and run.settings.policy.backend == "hf":
             raise ValueError("webrl eval: --model names the HF checkpoint folder to evaluate (policy.backend=hf)")
         actor = ArtifactRef.of(model, "model") if model else None
         name = f"model={actor.sha256[:12]}" if actor else f"model={run.settings.policy.backend}"
         evaluation, eval_metrics = run(T.evaluate, tag, actor, run(T.test_set), name)
         result = read_json(evaluation)
-        tracking.log_metrics({**eval_metrics, "policy_digest": result["policy_digest"]})
+        with run.record(evaluation, eval_metrics):
+            tracking.log_metrics({**eval_metrics, "policy_digest": result["policy_digest"]})
     return {"eval": result, "metrics": eval_metrics}

@@ -35,8 +35,14 @@ class PrefectStack:
         self.home.mkdir(parents=True, exist_ok=True)
 
     def env(self) -> dict[str, str]:
+        """The environment of the server, the worker and its flow runs. The flow runs import flows/ from, and work
+        in, $WEBRL_REPO (the user's if set, else the checkout webrl is installed from; see set_repo_directory) and put
+        run dirs that the config does not place under the run root (WEBRL_RUN_ROOT, webrl_core.runs.rundir.run_root);
+        each run dir holds its own task cache, so a deployment run of a finished phase is all cache hits wherever the
+        worker was started."""
         return dict(os.environ, PREFECT_HOME=str(self.home), PREFECT_API_URL=self.api,
-                    PREFECT_SERVER_ANALYTICS_ENABLED="false", WEBRL_REPO=str(REPO),
+                    PREFECT_SERVER_ANALYTICS_ENABLED="false", WEBRL_REPO=os.environ.get("WEBRL_REPO") or str(REPO),
+                    WEBRL_RUN_ROOT=str(self.run_root),
                     PREFECT_RESULTS_LOCAL_STORAGE_PATH=str(self.run_root / ".prefect-results"),
                     PREFECT_WORKER_QUERY_SECONDS=str(self.worker_poll_s), TOKENIZERS_PARALLELISM="false")
 

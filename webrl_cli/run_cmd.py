@@ -36,12 +36,15 @@ def _load(config: str, set_: list[str], flow: str | None = None, run_dir: str | 
     if flow is not None:
         from webrl_core.pipeline import validate
         from webrl_core.runs import runlock
+        from webrl_core.runs.rundir import run_dir_of
 
-        rd = str(Path(run_dir or s.run_dir()).resolve())
+        rd = str(run_dir_of(s, run_dir))
         runlock.check_free(rd, f"webrl-{flow}", phase)  # another flow runs there: say so
         for warning in validate.preflight(s, rd, model=model, phase=phase, flow=flow):
             typer.echo(f"warning: {warning}", err=True)
-    prefect_env(s.run.root)
+    from webrl_core.runs.rundir import run_root
+
+    prefect_env(str(run_root(s)))
     return s
 
 
@@ -148,7 +151,9 @@ def phase(config: str = typer.Option("demo", help="config"), phase: int = typer.
 
     t0 = time.perf_counter()
     webrl_phase(config=config, phase=phase, run_dir=run_dir, overrides=set_)
-    print_table(run_dir or str(s.run_dir().resolve()))
+    from webrl_core.runs.rundir import run_dir_of
+
+    print_table(str(run_dir_of(s, run_dir)))
     typer.echo(f"phase {phase} wall time {time.perf_counter() - t0:.1f} s")
 
 

@@ -90,9 +90,12 @@ def serve_mlflow(run_dir: str = typer.Option("runs/demo", help="run directory wh
 @app.command("prefect")
 def serve_prefect(port: int = typer.Option(4200, help="Prefect server port on 127.0.0.1"),
                   home: str = typer.Option("runs/.prefect", help="PREFECT_HOME (server DB, logs)"),
-                  run_root: str = typer.Option("runs", help="where runs and cached task results live")):
+                  run_root: str = typer.Option("runs", envvar="WEBRL_RUN_ROOT",
+                                               help="where the worker's flow runs put run dirs (each with its task "
+                                               "cache) when the config does not set run.root")):
     """Prefect server + process work pool + deployments (infra/prefect.yaml) + a worker; Ctrl-C, SIGTERM or SIGHUP
-    stops them, the worker first (exit code 0)."""
+    stops them, the worker first (exit code 0). The worker's flow runs use the checkout $WEBRL_REPO names (default:
+    the one webrl is installed from) and the run root given here."""
     from webrl_cli.prefect_stack import PrefectStack, watchdog
 
     code = 0

@@ -162,34 +162,52 @@ def test_killed_phase_resumes_without_loss_or_duplicates(smoke_run):
     assert (run / "models" / "phase=2" / "actor").exists()
 
 
-def test_deployment_run_on_a_real_prefect_server(smoke_run):
+def _written(run: Path) -> dict:
+    """What a re-run must not add to a run dir: episodes, steps and scores, the store's files, the cached task results,
+    MLflow runs and model versions."""
     import mlflow
 
+    store = TrajectoryStore(run)
+    client = mlflow.MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("webrl")
+    return {**{t: store.sql(f"SELECT count(*) AS n FROM {t}")[0]["n"] for t in ("episodes", "steps", "scores")},
+            "store files": sorted(str(p.relative_to(run)) for p in (run / "store").rglob("*.parquet")),
+            "cached results": len(list((run / ".prefect-results").iterdir())),
+            "mlflow runs": sorted(r.info.run_id for r in client.search_runs([exp.experiment_id])),
+            "model versions": len(client.search_model_versions("name='webrl-actor'"))}
+
+
+def test_a_deployment_run_of_a_finished_phase_comes_from_the_cache(smoke_run, tmp_path):
+    """Phase 1 of the smoke run (finished by `webrl phase`) again as the documented `prefect deployment run
+    'webrl-phase/default' --param phase=1 ... --watch`, on the worker that `webrl serve prefect` starts
+    (PrefectStack, on the session's server) when it was started in another directory than the checkout: its run root
+    (`--run-root`, default ./runs there) is not where the CLI kept Prefect's results. Every stage is Cached (the cache
+    lives in the run dir), nothing new is written (no episode, score, store file, MLflow run or model version), and it
+    takes at most 60 s."""
     from webrl_cli.prefect_stack import PrefectStack
 
     root, cfg, run = smoke_run
-    client = mlflow.MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("webrl")
-    n_before = len(client.search_runs([exp.experiment_id], "attributes.run_name = 'webrl-phase-1'"))
-    # the session's server (its start is a fixed cost): the deployments and a worker of this test's own on it
-    stack = PrefectStack(root / "server-home", port=urlsplit(os.environ[API_ENV]).port, worker_poll_s=1,
-                         run_root=root)
+    elsewhere = tmp_path / "elsewhere"
+    before = _written(run)
+    stack = PrefectStack(elsewhere / "runs" / ".prefect", port=urlsplit(os.environ[API_ENV]).port, worker_poll_s=1,
+                         run_root=elsewhere / "runs")
     try:
         stack.deploy()
         stack.start_worker()
+        t0 = time.perf_counter()
         r = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "run", "webrl-phase/default",
-                            "--param", "phase=1", "--param", f"config={cfg}", "--param", f"run_dir={run}", "--watch",
-                            "--watch-timeout", "900"], env=stack.env(), capture_output=True, text=True, timeout=960)
+                            "--param", "phase=1", "--param", f"config={cfg}", "--watch", "--watch-timeout", "900"],
+                           env=stack.env(), capture_output=True, text=True, timeout=960)
+        wall = time.perf_counter() - t0
         assert r.returncode == 0 and "Completed" in r.stdout, r.stdout + r.stderr
         ls = subprocess.run([str(Path(sys.executable).parent / "prefect"), "deployment", "ls"], env=stack.env(),
                             capture_output=True, text=True, timeout=120)
         assert "webrl-phase/default" in ls.stdout and "webrl-train/demo" in ls.stdout, ls.stdout
     finally:
         stack.stop()  # the worker only: this stack did not start the server
-    runs = client.search_runs([exp.experiment_id], "attributes.run_name = 'webrl-phase-1'")
-    assert len(runs) == n_before + 1 and runs[0].info.status == "FINISHED"
-    from webrl_core.artifacts import sha256_path
-
-    actor = f"hf:{sha256_path(run / 'models' / 'phase=1' / 'actor')}"
-    assert TrajectoryStore(run).sql("SELECT count(*) AS n FROM episodes WHERE phase = 1 AND purpose = 'eval' "
-                                    "AND policy_digest = $p", {"p": actor})[0]["n"] == 6
+    states = task_states("webrl-phase")
+    print(f"deployment run of the finished phase 1: {wall:.1f} s, {len(states)} tasks {set(states.values())}")
+    assert states and all(s == "Cached" for s in states.values()), states
+    assert _written(run) == before
+    assert not (elsewhere / "runs" / "smoke").exists()
+    assert wall <= 60, f"{wall:.0f} s"

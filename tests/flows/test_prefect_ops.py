@@ -135,6 +135,32 @@ def test_a_worker_from_a_second_clone_runs_a_deployment(server, gpu_box):
     assert ev["policy_digest"] == "oracle" and ev["total"]["n"] == 2
 
 
+def test_the_worker_of_serve_prefect_runs_where_the_user_says(tmp_path, monkeypatch):
+    """`webrl serve prefect` started in some folder: its worker keeps the user's WEBRL_REPO (the checkout its flow runs
+    import and work in; default: the one webrl is installed from) and passes the run root (`--run-root`, default
+    ./runs of that folder) as WEBRL_RUN_ROOT, where its flow runs put run dirs that neither a `run_dir` nor the
+    config's run.root places. (The deployment run on such a worker: test_flows.py; a worker with its own clone:
+    test_a_worker_from_a_second_clone_runs_a_deployment.)"""
+    from webrl_cli.prefect_stack import REPO, PrefectStack
+    from webrl_core.config import load_config
+    from webrl_core.runs.rundir import run_dir_of
+
+    for var in ("WEBRL_REPO", "WEBRL_RUN_ROOT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    env = PrefectStack(tmp_path / "home").env()
+    assert env["WEBRL_REPO"] == str(REPO) and env["WEBRL_RUN_ROOT"] == str(tmp_path / "runs")
+    monkeypatch.setenv("WEBRL_REPO", str(tmp_path / "clone"))
+    assert PrefectStack(tmp_path / "home").env()["WEBRL_REPO"] == str(tmp_path / "clone")
+
+    monkeypatch.chdir(REPO)  # a flow run of that worker, in the checkout
+    assert run_dir_of(load_config("smoke")) == REPO / "runs" / "smoke"  # no WEBRL_RUN_ROOT: ./runs
+    monkeypatch.setenv("WEBRL_RUN_ROOT", env["WEBRL_RUN_ROOT"])
+    assert run_dir_of(load_config("smoke")) == tmp_path / "runs" / "smoke"
+    assert run_dir_of(load_config("smoke", sets=[f"run.root={tmp_path / 'mine'}"])) == tmp_path / "mine" / "smoke"
+    assert run_dir_of(load_config("smoke"), "rd") == REPO / "rd"
+
+
 def _scheduler_errors(stack) -> str:
     log = (stack.home / "server.log").read_text(errors="replace")
     i = log.rfind("schedule_deployments")

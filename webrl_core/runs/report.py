@@ -248,8 +248,11 @@ def _register_model(path: str, phase: int) -> None:
     run = mlflow.active_run()
     if run is None:
         return
-    mlflow.log_artifacts(path, artifact_path="actor")
     client = mlflow.MlflowClient()
+    if any(v.tags.get("checkpoint") == path and v.tags.get("phase") == str(phase)
+           for v in client.search_model_versions(f"run_id = '{run.info.run_id}'")):
+        return  # a continued MLflow run (tracking.start_run's key) that registered this checkpoint already
+    mlflow.log_artifacts(path, artifact_path="actor")
     try:
         try:
             client.create_registered_model("webrl-actor")

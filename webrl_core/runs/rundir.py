@@ -1,7 +1,12 @@
 """The run directory: where a run's stages write, and how an output is named by what produced it.
 
 Layout: ``tasks/phase=k/*.json``, ``data/phase=k/*.jsonl``, ``models/phase=k/{actor,critic,orm}``, ``store/``,
-``eval/phase=k.json`` (or ``eval/model=<digest12>.json``), ``mlflow.db``, ``.run-id``.
+``eval/phase=k.json`` (or ``eval/model=<digest12>.json``), ``mlflow.db``, ``.run-id``, ``.prefect-results/`` (the
+flows' cached task results: the cache travels with the run dir it caches, whichever process or worker reads it).
+
+Where: ``--run-dir`` (a flow's ``run_dir``) if given, else ``<run root>/<run.name>``, the run root being the config's
+``run.root`` when it sets one, else ``$WEBRL_RUN_ROOT`` (``webrl serve prefect --run-root`` sets it for its worker),
+else ``runs``; relative paths are relative to the working directory (``run_dir_of``).
 
 Versioned outputs: a stage writes ``<dir>/.versions/<name>@<key><ext>``, where ``key`` digests the stage's
 settings and inputs, then points ``<dir>/<name>`` (a relative symlink, replaced atomically) at it. Outputs of
@@ -22,6 +27,28 @@ from typing import Any
 
 from webrl_core.artifacts import ArtifactRef, write_json
 from webrl_core.runs.store import TrajectoryStore
+
+
+RUN_ROOT_ENV = "WEBRL_RUN_ROOT"
+RESULTS_DIR = ".prefect-results"
+
+
+def run_root(settings: Any) -> Path:
+    """The folder that holds run dirs: ``run.root`` if the config sets it, else ``$WEBRL_RUN_ROOT``, else the default
+    ``runs``, resolved against the working directory."""
+    env = os.environ.get(RUN_ROOT_ENV)
+    explicit = "root" in settings.run.model_fields_set
+    return Path(settings.run.root if explicit or not env else env).resolve()
+
+
+def run_dir_of(settings: Any, run_dir: str | Path | None = None) -> Path:
+    """A flow's run dir: ``run_dir`` if given, else ``<run_root(settings)>/<run.name>``; absolute."""
+    return Path(run_dir).resolve() if run_dir else run_root(settings) / settings.run.name
+
+
+def results_dir(run_dir: str | Path) -> Path:
+    """Where the flows keep the run's cached task results (Prefect's result storage for its stages)."""
+    return Path(run_dir) / RESULTS_DIR
 
 
 def source_digest(root: Path) -> str:

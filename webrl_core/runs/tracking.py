@@ -5,6 +5,10 @@ Where: ``MLFLOW_TRACKING_URI`` if set, else ``tracking.mlflow_uri`` from the con
 ``<run_dir>/mlartifacts`` (set at experiment creation, so they never land in the cwd).
 What: the resolved config flattened to params (``section.key``), metrics per phase/stage, artifacts
 (plots, viewer, tables); models are logged as artifact folders.
+Which run: a flow names its MLflow run by a key (``start_run(key=...)``; flows/context.py digests the flow, its
+parameters, the config, the code, the run dir's identity and the flow's results into it). A later call with the same
+key continues that MLflow run instead of opening another and leaves out metric values the run already holds:
+re-running a finished phase from the cache adds no MLflow run.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 os.environ.setdefault("MLFLOW_ENABLE_ASYNC_LOGGING", "false")
+
+RUN_KEY_TAG = "webrl.run_key"
+_continued: set[str] = set()  # MLflow runs of this process that continue an earlier flow run (same key)
 
 
 def tracking_uri(run_dir: str | Path, configured: str | None = None) -> str:
@@ -55,23 +62,54 @@ def setup(run_dir: str | Path, experiment: str = "webrl", configured_uri: str | 
     return uri
 
 
+def run_with_key(key: str, experiment: str = "webrl") -> str | None:
+    """The id of the latest MLflow run tagged with ``key`` in ``experiment`` (after ``setup``), or None."""
+    import mlflow
+
+    exp = mlflow.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    runs = mlflow.MlflowClient().search_runs([exp.experiment_id], f"tags.`{RUN_KEY_TAG}` = '{key}'", max_results=1,
+                                             order_by=["attributes.start_time DESC"])
+    return runs[0].info.run_id if runs else None
+
+
 @contextlib.contextmanager
 def start_run(run_dir: str | Path, name: str, *, experiment: str = "webrl", config: dict | None = None,
               tags: dict | None = None, configured_uri: str | None = None,
-              nested: bool | None = None, run_id: str | None = None) -> Iterator[Any]:
-    """Open an MLflow run (nested automatically if one is active) and log the flattened config as params."""
+              nested: bool | None = None, run_id: str | None = None, key: str | None = None,
+              started_at: float | None = None) -> Iterator[Any]:
+    """Open an MLflow run (nested automatically if one is active) and log the flattened config as params. With
+    ``key``: continue the run of an earlier call with the same key if there is one (see the module docstring).
+    ``started_at`` (seconds since the epoch): the new run's start time, for a run opened after its work."""
     import mlflow
 
     setup(run_dir, experiment, configured_uri)
     if nested is None:
         nested = mlflow.active_run() is not None
-    with mlflow.start_run(run_name=name, nested=nested, run_id=run_id, tags=tags) as run:
-        if config and run_id is None:
+    earlier = run_with_key(key, experiment) if key and run_id is None else None
+    fresh = run_id is None and earlier is None
+    if fresh and key:
+        tags = {**(tags or {}), RUN_KEY_TAG: key}
+    created = None
+    if fresh and started_at is not None:  # created with its start time, then opened like any existing run
+        parent = mlflow.active_run() if nested else None
+        created = mlflow.MlflowClient().create_run(
+            mlflow.get_experiment_by_name(experiment).experiment_id, start_time=int(started_at * 1000), run_name=name,
+            tags={**(tags or {}), **({"mlflow.parentRunId": parent.info.run_id} if parent else {})}).info.run_id
+    held = mlflow.MlflowClient().get_run(earlier).info if earlier else None
+    with mlflow.start_run(run_name=name, nested=nested, run_id=run_id or earlier or created,
+                          tags=None if earlier or created else tags) as run:
+        if earlier:
+            _continued.add(run.info.run_id)
+        if config and fresh:
             params = flatten(config)
             items = list(params.items())
             for i in range(0, len(items), 100):  # MLflow caps params per batch
                 mlflow.log_params({k: ("" if v is None else str(v)[:6000]) for k, v in items[i:i + 100]})
         yield run
+    if held is not None and held.status == "FINISHED":  # the continued run keeps its own duration
+        mlflow.MlflowClient().set_terminated(earlier, "FINISHED", end_time=held.end_time)
 
 
 def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
@@ -80,6 +118,10 @@ def log_metrics(metrics: dict[str, Any], step: int | None = None) -> None:
 
     clean = {k.replace(" ", "_"): float(v) for k, v in metrics.items()
              if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    run = mlflow.active_run()
+    if clean and run is not None and run.info.run_id in _continued:  # what the continued run already holds
+        held = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
+        clean = {k: v for k, v in clean.items() if held.get(k) != v}
     if clean:
         mlflow.log_metrics(clean, step=step)
     for k, v in metrics.items():

@@ -102,6 +102,8 @@ def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt
                     val_steps: int = typer.Option(60, help="validation steps scored greedily at each point"),
                     every: int = typer.Option(40, help="optimizer steps between two points of the curve"),
                     label: str = typer.Option("", help="name of this recipe in the table, plot and MLflow run"),
+                    val_rollouts: int = typer.Option(0, help="after training, greedy rollouts on this many "
+                                                             "validation tasks: task success confirms the recipe"),
                     out: str = typer.Option("runs/bench-sft/curve", help="writes OUT.jsonl (each point as "
                                                                          "measured), OUT.json and OUT.png")):
     """Phase-0 SFT as a learning curve: greedy next-action accuracy (exact action, element id, typed arguments,
@@ -110,7 +112,7 @@ def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt
     from webrl_core.config import load_config
 
     run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, val_steps=val_steps,
-        every=every, out=out, label=label)
+        every=every, out=out, label=label, val_rollouts=val_rollouts)
 
 
 @app.command("copy-export")

@@ -25,13 +25,14 @@ def test_marks_compare_the_action_not_the_comment():
 
 def test_curve_of_a_pretrained_sft_on_validation_steps(tmp_path):
     """Three demonstrations, two validation tasks: points at step 0, every step and the end, each scored on the
-    validation steps in the chat/compact format, written as they are measured; the prompts fit the budget."""
+    validation steps in the chat/compact format, written as they are measured; the prompts fit the budget; the
+    trained actor is confirmed by a greedy rollout on a validation task."""
     out = tmp_path / "curve"
     sets = ["models.actor=smollm2-135m-instruct", "models.train_layers=1", "models.max_length=640",
             "prompt.style=chat", "prompt.observation=compact", "bootstrap.sft_epochs=1", "actor.batch_size=2",
             "policy.max_new_tokens=24"]
     res = CliRunner().invoke(app, ["bench", "sft-curve", "--config", "smoke", "--demos", "2", "--val-tasks", "2",
-                                   "--val-steps", "3", "--every", "2", "--run-dir", str(tmp_path / "run"),
+                                   "--val-steps", "3", "--every", "2", "--val-rollouts", "1", "--run-dir", str(tmp_path / "run"),
                                    "--out", str(out), *[a for s in sets for a in ("--set", s)]])
     assert res.exit_code == 0, res.output
     r = json.loads(out.with_suffix(".json").read_text())
@@ -43,3 +44,4 @@ def test_curve_of_a_pretrained_sft_on_validation_steps(tmp_path):
         assert all(0 <= p[k] <= 1 for k in ("exact", "well_formed")) and p["exact_n"] == 3
     assert r["prompt_format"].startswith("webrl/chat/compact/") and r["max_prompt_tokens"] <= 640
     assert out.with_suffix(".png").stat().st_size > 0 and " cores, " in r["cpu"]
+    assert r["val_tasks"] == 1 and r["val_errors"] == 0 and r["val_tasks_solved"] in (0, 1)  # task success too

@@ -19,6 +19,8 @@ model being trained and scores each response against the oracle's action (parsed
 
 Each point also records the pairs and tokens trained so far and the tokens/s. The curve goes to
 ``<out>.jsonl`` (one line per point, as measured), a plot ``<out>.png`` and an MLflow run in the bench run dir.
+``val_rollouts`` confirms the trained actor (kept in ``<run_dir>/sft-curve/<label>``) by task success: greedy
+rollouts on that many validation tasks, scored by the sites' evaluators.
 """
 
 from __future__ import annotations
@@ -66,7 +68,12 @@ def collect(settings, run_dir: str, demos: int, val_tasks: int) -> tuple[list[di
     val_ref = validation_tasks(settings, run_dir, val_tasks, {t["intent"] for t in read_json(demo_ref)})
     val_roll = experience.rollout(settings, run_dir, 0, "oracle", val_ref, None, 0.0)
     store = TrajectoryStore(run_dir)
-    return oracle_steps(store, demo_roll["episode_ids"]), oracle_steps(store, val_roll["episode_ids"])
+    train, val = oracle_steps(store, demo_roll["episode_ids"]), oracle_steps(store, val_roll["episode_ids"])
+    if not train or not val:
+        raise RuntimeError(f"bench sft-curve: the oracle solved {demo_roll['env_success']}/{demo_roll['n']} "
+                           f"demonstration and {val_roll['env_success']}/{val_roll['n']} validation tasks; both "
+                           f"need successes (is env.max_steps={settings.env.max_steps} too small?)")
+    return train, val
 
 
 def score(response: str, oracle: str) -> dict[str, bool | None]:
@@ -169,9 +176,26 @@ def plot(points: list[dict], path: Path, title: str) -> Path:
     return path
 
 
+def confirm(settings, run_dir: str, actor_dir: Path, demos: int, n_tasks: int) -> dict:
+    """Task success of the trained actor: greedy rollouts (``policy.eval_temperature``) on ``n_tasks`` validation
+    tasks, scored by the sites' evaluators, with prompts in the run's format."""
+    from webrl_core.artifacts import ArtifactRef, read_json
+    from webrl_core.bench.sft import validation_tasks
+    from webrl_core.pipeline import experience, task_sets
+
+    demo_ref = task_sets.train_task_pool(settings, run_dir, demos, 1, f"bench_sft_demos_{demos}")
+    val_ref = validation_tasks(settings, run_dir, n_tasks, {t["intent"] for t in read_json(demo_ref)})
+    t0 = time.perf_counter()
+    roll = experience.rollout(settings, run_dir, 0, "eval", val_ref, ArtifactRef.of(actor_dir, "model"),
+                              settings.policy.eval_temperature)
+    return {"val_tasks_solved": roll["env_success"], "val_tasks": roll["n"], "val_errors": roll["errors"],
+            "val_rollout_s": round(time.perf_counter() - t0, 1)}
+
+
 def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: int, every: int,
-        out: str | Path, label: str = "") -> list[dict]:
-    """Collect (or reuse) the steps, render prompts in ``settings.prompt``'s format, train with the curve."""
+        out: str | Path, label: str = "", val_rollouts: int = 0) -> list[dict]:
+    """Collect (or reuse) the steps, render prompts in ``settings.prompt``'s format, train with the curve; with
+    ``val_rollouts``, confirm the trained actor by task success on that many validation tasks."""
     import torch
 
     from webrl_core.artifacts import ArtifactRef
@@ -215,8 +239,11 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
                             config=settings.model_dump(mode="json")):
         tracking.log_metrics({k: v for k, v in head.items() if isinstance(v, (int, float))})
         t0 = time.perf_counter()
-        metrics = sft_train(pairs, ArtifactRef.of(settings.models.actor, "model").path,
-                            Path(run_dir) / "sft-curve" / (label or "actor"), settings, callbacks=[curve])
+        actor_dir = Path(run_dir) / "sft-curve" / (label or "actor")
+        metrics = sft_train(pairs, ArtifactRef.of(settings.models.actor, "model").path, actor_dir, settings,
+                            callbacks=[curve])
+        confirmed = confirm(settings, run_dir, actor_dir, demos, val_rollouts) if val_rollouts else {}
+        tracking.log_metrics({k: v for k, v in confirmed.items()})
         for p in curve.points:
             tracking.log_metrics({k: p[k] for k in ("exact", "element", "typed_args", "well_formed", "tokens")},
                                  step=p["pairs"])
@@ -225,7 +252,7 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
         tracking.log_artifact(png, "sft-curve")
         tracking.log_artifact(jsonl, "sft-curve")
     result = {**head, "wall_s": round(time.perf_counter() - t0, 1), "train_loss": metrics.get("train_loss"),
-              "points": curve.points}
+              "actor": str(actor_dir), **confirmed, "points": curve.points}
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
     _print(result)
     return curve.points
@@ -244,3 +271,6 @@ def _print(r: dict) -> None:
                   str(p["tokens_per_s"] or "-"), f"{100 * p['exact']:.1f}%", f"{100 * p['element']:.1f}%",
                   f"{100 * p['typed_args']:.1f}% of {p['typed_args_n']}", f"{100 * p['well_formed']:.1f}%")
     Console().print(t)
+    if "val_tasks" in r:
+        print(f"validation tasks solved (greedy rollouts, the sites' evaluators): {r['val_tasks_solved']}/"
+              f"{r['val_tasks']} in {r['val_rollout_s']:.0f} s")

@@ -1,5 +1,6 @@
 """A local Prefect stack: server on 127.0.0.1, process work pool, deployments from infra/prefect.yaml, one worker;
-and the process-tree helpers that make `webrl serve ...` leave nothing running behind it.
+and the process-tree helpers that make `webrl serve ...` and the commands that run flows (`webrl demo`, `train`,
+`phase`, `eval`, ...: stop_tree_on_signals) leave nothing running behind them.
 
 Stop order matters (stack.md P5): workers first (SIGINT, then a second SIGINT if it hangs), then the server.
 Every child is started in its own session (start_new_session=True) so that a Ctrl-C in the terminal reaches only
@@ -10,12 +11,15 @@ servers fork workers of their own (MLflow runs uvicorn as a child process).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -296,3 +300,136 @@ def _watch(parent: int, poll_s: float, timeout: float = 10.0) -> None:
     for pgid in sorted(leaders, key=seen.get, reverse=True):
         stop_group(pgid, signal.SIGTERM, timeout)
     terminate(seen, timeout)
+
+
+def stop_tree(procs: dict[int, int], timeout: float = 8.0) -> None:
+    """Stop every process of `procs` (pid -> start time) and every process group one of them leads, all at once:
+    SIGTERM, up to `timeout` s for all of them to exit, then SIGKILL."""
+    groups = {p for p, s in procs.items() if _alive(p, s) and (_stat(p) or (0, 0))[1] == p}
+
+    def gone() -> bool:
+        return not any(_alive(p, s) for p, s in procs.items()) and not any(_group_alive(g) for g in groups)
+
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
+        for g in groups:
+            _killpg(g, sig)
+        for pid, start in procs.items():
+            if _alive(pid, start):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, sig)
+        if _wait_until(gone, wait):
+            return
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_guard: dict = {}  # the active stop_tree_on_signals of this process: its pid and the handlers it replaced
+
+
+def _after_fork_in_child() -> None:
+    """A child forked without exec (multiprocessing, data loaders) must not report its signals to the parent's guard
+    through the inherited wakeup fd, nor handle them as the parent does."""
+    if _guard and _guard["pid"] != os.getpid():
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
+            for s, h in _guard["handlers"].items():
+                signal.signal(s, h)
+        _guard.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@contextlib.contextmanager
+def stop_tree_on_signals(grace_s: float = 3.0, stop_s: float = 4.0):
+    """Nothing started inside outlives this process when SIGTERM, SIGINT or SIGHUP stops it (`kill`, systemd, docker,
+    Ctrl-C, a closed terminal); for the commands that run flows in-process (`webrl demo`, `train`, `phase`, `eval`,
+    ...). Their children (Prefect's temporary server, the sites' server, browsers, a policy server, Ray, accelerate)
+    mostly run in sessions of their own and receive nothing; a Python process ended by SIGTERM runs no cleanup, so
+    without this they were left running, re-parented to init.
+
+    The first stop signal raises KeyboardInterrupt in the main thread (during a flow Prefect first raises its own
+    TerminationSignal and re-sends SIGTERM once it has marked the flow run Crashed), so the flow unwinds: its run is
+    Crashed, the run dir's lock released. Then every descendant is stopped (`stop_tree`: SIGTERM, SIGKILL after
+    `stop_s` s; Playwright's driver ignores SIGTERM) and the process exits at once with 128 + the signal's number;
+    threads still running a task (a rollout, a training step) are not waited for. A helper thread, woken by the signal
+    itself (signal.set_wakeup_fd, so also while the main thread is busy in C code), records the process tree and, if
+    the main thread has not unwound within `grace_s` s, stops the tree and exits itself: a flow that is interrupted
+    while tasks run in Prefect's thread pool waits for them as it unwinds. A stop thus takes at most grace_s + stop_s
+    + 5 s. Further signals during the stop are ignored. (SIGKILL cannot be caught: see `watchdog` for what `webrl
+    serve` does about it.)
+    """
+    if threading.current_thread() is not threading.main_thread() or _guard:
+        yield
+        return
+    me = os.getpid()
+    first: dict[str, int] = {}
+    seen: dict[int, int] = {}
+    unwound = threading.Event()
+    stopping = threading.Lock()
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    numbers = {int(s) for s in STOP_SIGNALS}
+
+    def stop_and_exit() -> None:
+        with stopping:  # the helper thread or the main thread, whichever comes first, stops the tree and exits
+            seen.update(descendants(me))
+            stop_tree(seen, stop_s)
+            for f in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    f.flush()
+            os._exit(128 + first["sig"])
+
+    def on_signal(signum, frame):
+        if first.get("raised"):
+            return  # already stopping
+        first["raised"] = 1
+        first.setdefault("sig", signum)
+        with contextlib.suppress(OSError):
+            writer.send(bytes([signum]))  # wakes the helper also if someone else took over the wakeup fd
+        raise KeyboardInterrupt
+
+    def helper() -> None:
+        while True:
+            try:
+                data = reader.recv(64)
+            except OSError:
+                return
+            if not data:
+                return  # closed: the command ended without a signal
+            sig = next((b for b in data if b in numbers), None)
+            if sig is not None:
+                first.setdefault("sig", sig)
+                break
+        with contextlib.suppress(OSError, ValueError):
+            print(f"{signal.Signals(first['sig']).name}: stopping ...", file=sys.stderr, flush=True)
+        deadline = time.monotonic() + grace_s
+        while not unwound.wait(0.2):
+            seen.update(descendants(me))  # a process that would be re-parented later is known by then
+            if time.monotonic() > deadline:
+                stop_and_exit()
+
+    handlers = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
+    old_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    _guard.update(pid=me, handlers=handlers)
+    threading.Thread(target=helper, name="webrl-stop-on-signals", daemon=True).start()
+    try:
+        yield
+    finally:
+        if "sig" in first:
+            unwound.set()
+            stop_and_exit()
+        _guard.clear()
+        signal.set_wakeup_fd(old_fd)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+        writer.close()  # the helper's recv returns b"" and it ends
+        reader.close()
+
+
+def stops_its_tree(command):
+    """Decorator of a CLI command: run it inside stop_tree_on_signals."""
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        with stop_tree_on_signals():
+            return command(*args, **kwargs)
+    return wrapper

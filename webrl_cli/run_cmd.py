@@ -9,6 +9,8 @@ from typing import List, Optional
 
 import typer
 
+from webrl_cli.prefect_stack import stops_its_tree
+
 # the top-level commands (demo, train, bootstrap, phase, eval, reproduce); main.py puts them on `webrl` itself
 app = typer.Typer()
 
@@ -69,6 +71,7 @@ def print_table(run_dir: str) -> None:
 
 
 @app.command("demo")
+@stops_its_tree
 def demo(config: str = typer.Option("demo", help="config (path or packaged name)"),
          set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
     """Bootstrap + WebRL phases + evaluation on the embedded sites; ends with the per-site success table."""
@@ -88,6 +91,7 @@ def demo(config: str = typer.Option("demo", help="config (path or packaged name)
 
 
 @app.command("ablate")
+@stops_its_tree
 def ablate(config: str = typer.Option("demo", help="config"),
            phases: int = typer.Option(4, help="WebRL phases per variant"),
            seeds: str = typer.Option("0,1", help="comma-separated run seeds; each gets its own bootstrap"),
@@ -118,6 +122,7 @@ def ablate(config: str = typer.Option("demo", help="config"),
 
 
 @app.command("train")
+@stops_its_tree
 def train(config: str = typer.Option("demo", help="config"), phases: Optional[int] = typer.Option(None, help="phases"),
           run_dir: Optional[str] = typer.Option(None, help="run directory (default <run.root>/<run.name>)"),
           set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
@@ -130,6 +135,7 @@ def train(config: str = typer.Option("demo", help="config"), phases: Optional[in
 
 
 @app.command("bootstrap")
+@stops_its_tree
 def bootstrap(config: str = typer.Option("demo", help="config"),
               run_dir: Optional[str] = typer.Option(None, help="run directory"),
               set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
@@ -142,6 +148,7 @@ def bootstrap(config: str = typer.Option("demo", help="config"),
 
 
 @app.command("phase")
+@stops_its_tree
 def phase(config: str = typer.Option("demo", help="config"), phase: int = typer.Option(..., help="phase k >= 1"),
           run_dir: Optional[str] = typer.Option(None, help="run directory"),
           set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
@@ -158,6 +165,7 @@ def phase(config: str = typer.Option("demo", help="config"), phase: int = typer.
 
 
 @app.command("sft")
+@stops_its_tree
 def sft(data: Path = typer.Option(..., help="demonstrations: a LLaMA-Factory ShareGPT JSON (human = the full WebRL "
                                         "prompt, gpt = the action; the official SFT format) or a VAB traces folder"),
         out: Path = typer.Option(..., help="folder for the fine-tuned HF model"),
@@ -182,6 +190,7 @@ def sft(data: Path = typer.Option(..., help="demonstrations: a LLaMA-Factory Sha
 
 
 @app.command("eval")
+@stops_its_tree
 def evaluate(config: str = typer.Option("demo", help="config"),
              model: Optional[str] = typer.Option(None, help="HF model folder (policy.backend=hf); with "
                                                  "policy.backend=openai the served model is evaluated"),
@@ -200,6 +209,7 @@ def evaluate(config: str = typer.Option("demo", help="config"),
 
 
 @app.command("reproduce")
+@stops_its_tree
 def reproduce(run_dir: str = typer.Argument(..., help="run directory of a finished run"),
               phase: int = typer.Option(..., help="phase to re-run (>= 1)"),
               rollouts: bool = typer.Option(False, "--rollouts", help="also redo the rollouts (slow; sampling differs)")):

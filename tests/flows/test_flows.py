@@ -162,6 +162,19 @@ def test_killed_phase_resumes_without_loss_or_duplicates(smoke_run):
     assert (run / "models" / "phase=2" / "actor").exists()
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stopped_phase_leaves_nothing_running(smoke_run, tmp_path, sig):
+    """`webrl phase` (phase 1 again: cached) stopped once its temporary Prefect server runs; the other commands'
+    cases and how they are checked: test_process_tree.py, stop_check.py."""
+    from stop_check import TEMPORARY_PREFECT_SERVER, Command, without_api
+
+    root, cfg, run = smoke_run
+    cmd = Command(["phase", "--config", str(cfg), "--phase", "1"], without_api(prefect_env(root), tmp_path / ".prefect"),
+                  tmp_path, tmp_path / "out.log")
+    cmd.wait_for(TEMPORARY_PREFECT_SERVER, timeout=240)
+    cmd.stop(sig)
+
+
 def _written(run: Path) -> dict:
     """What a re-run must not add to a run dir: episodes, steps and scores, the store's files, the cached task results,
     MLflow runs and model versions."""

@@ -105,8 +105,8 @@ class Command:
                 time.sleep(0.2)
             took = time.monotonic() - t0
             ran = "\n".join(f"  {p}: {c}" for p, c in described.items())
-            assert self.proc.poll() is not None, \
-                f"webrl {self.args[0]} still runs {STOP_WITHIN_S:.0f} s after {sig.name}:\n{self.log.read_text()[-3000:]}"
+            assert self.proc.poll() is not None, (f"webrl {self.args[0]} still runs {STOP_WITHIN_S:.0f} s after "
+                                                  f"{sig.name}:\n{self.log.read_text()[-3000:]}")
             assert not left and not marked, (f"{sig.name} to webrl {self.args[0]}: still running after {took:.0f} s: "
                                              f"{left or marked}\nits processes were:\n{ran}")
             assert self.proc.returncode == (128 + sig if exit_code is None else exit_code), \

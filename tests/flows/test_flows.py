@@ -169,8 +169,8 @@ def test_a_stopped_phase_leaves_nothing_running(smoke_run, tmp_path, sig):
     from stop_check import TEMPORARY_PREFECT_SERVER, Command, without_api
 
     root, cfg, run = smoke_run
-    cmd = Command(["phase", "--config", str(cfg), "--phase", "1"], without_api(prefect_env(root), tmp_path / ".prefect"),
-                  tmp_path, tmp_path / "out.log")
+    env = without_api(prefect_env(root), tmp_path / ".prefect")
+    cmd = Command(["phase", "--config", str(cfg), "--phase", "1"], env, tmp_path, tmp_path / "out.log")
     cmd.wait_for(TEMPORARY_PREFECT_SERVER, timeout=240)
     cmd.stop(sig)
 

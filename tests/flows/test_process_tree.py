@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 
 import pytest
 import yaml
 
-from shared_prefect import prefect_env
+from shared_prefect import free_port, prefect_env
 from stop_check import BROWSER, TEMPORARY_PREFECT_SERVER, UVICORN, Command, without_api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
@@ -49,16 +48,11 @@ def test_a_command_that_runs_flows_leaves_nothing_running(tmp_path, command, sig
     cfg.write_text(yaml.safe_dump({"extends": "smoke", "run": {"name": "smoke", "root": str(tmp_path)}}))
     extra = ["--set", "policy.backend=oracle"] if command == "eval" else []
     env = prefect_env(tmp_path)
-    cmd = Command([command, "--config", str(cfg), *extra], without_api(env, tmp_path / ".prefect") if temporary else env,
-                  tmp_path, tmp_path / "out.log")
+    if temporary:
+        env = without_api(env, tmp_path / ".prefect")
+    cmd = Command([command, "--config", str(cfg), *extra], env, tmp_path, tmp_path / "out.log")
     cmd.wait_for(up, timeout=240)
     cmd.stop(sig)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_serve_mlflow_stops_on_sigint(tmp_path):
@@ -67,7 +61,7 @@ def test_serve_mlflow_stops_on_sigint(tmp_path):
     (tmp_path / "run").mkdir()
     mlflow.MlflowClient(f"sqlite:///{tmp_path / 'run' / 'mlflow.db'}").search_experiments()  # a run dir's store
     env = without_api(prefect_env(tmp_path), tmp_path / ".prefect")
-    cmd = Command(["serve", "mlflow", "--run-dir", str(tmp_path / "run"), "--port", str(_free_port())], env,
+    cmd = Command(["serve", "mlflow", "--run-dir", str(tmp_path / "run"), "--port", str(free_port())], env,
                   tmp_path, tmp_path / "out.log")
     cmd.wait_for(UVICORN, timeout=180)
     cmd.stop(signal.SIGINT, exit_code=0)  # documented: an orderly stop exits with 0
@@ -76,6 +70,6 @@ def test_serve_mlflow_stops_on_sigint(tmp_path):
 def test_serve_prefect_stops_on_sigint_while_deploying(tmp_path):
     env = without_api(prefect_env(tmp_path), tmp_path / ".prefect")
     cmd = Command(["serve", "prefect", "--home", str(tmp_path / ".prefect"), "--run-root", str(tmp_path), "--port",
-                   str(_free_port())], env, tmp_path, tmp_path / "out.log")
+                   str(free_port())], env, tmp_path, tmp_path / "out.log")
     cmd.wait_for(TEMPORARY_PREFECT_SERVER, "server start", printed="deploying", timeout=240)
     cmd.stop(signal.SIGINT, exit_code=0)

@@ -119,7 +119,8 @@ def play_cmd(
         raise BadInput(f"{target}: not an http(s) URL; give a URL like http://127.0.0.1:PORT/ (`webrl sites serve` "
                        f"prints the embedded sites' URLs) or a task JSON file")
     else:
-        raise MissingInput(f"{target}: no such task file (nor a URL: give http://... or a WebArena-Lite task JSON file)")
+        raise MissingInput(f"{target}: no such task file (nor a URL: give http://... or a WebArena-Lite task JSON "
+                           f"file)")
 
     async def start(env: WebEnv):
         try:

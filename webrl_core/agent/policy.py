@@ -47,39 +47,39 @@ class HFPolicy:
     def __init__(self, model_path: str | os.PathLike, cfg: PolicyConfig | None = None,
                  models_cfg: ModelsConfig | None = None, temperature: float | None = None,
                  policy_id: str | None = None, style: str = "completion", compat: str | PromptFormat = "webrl"):
-        self.cfg = cfg or PolicyConfig()
-        self.framed = as_format(compat).framed  # prompts arrive rendered through the chat template already
-        self.compat = as_format(compat).compat
-        self.models_cfg = models_cfg or ModelsConfig()
+        models_cfg = models_cfg or ModelsConfig()
+        self._bind(load_tokenizer(model_path), load_causal_lm(model_path, models_cfg, trainable=False),
+                   cfg or PolicyConfig(), models_cfg, compat)
         self.model_path = str(model_path)
-        self.tok = load_tokenizer(model_path)
-        self.model = load_causal_lm(model_path, self.models_cfg, trainable=False)
         self.device = resolve_device(self.models_cfg.device)
         self.temperature = self.cfg.temperature if temperature is None else temperature
         self.style = style
         self.policy_id = policy_id or f"hf:{Path(model_path).name}@T{self.temperature:g}"
-        self.stop_ids = sorted({stop_token_id(self.tok)} | ({self.tok.eos_token_id} - {None}))
-        max_pos = getattr(self.model.config, "max_position_embeddings", None) or self.models_cfg.max_length
-        self.max_prompt_tokens = min(self.models_cfg.max_length, max_pos) - self.cfg.max_new_tokens
-        if self.max_prompt_tokens < 16:
-            raise ValueError(f"policy.max_new_tokens={self.cfg.max_new_tokens} leaves no room for the prompt "
-                             f"(model max length {min(self.models_cfg.max_length, max_pos)})")
-        self._lock = threading.Lock()  # one generate() at a time; concurrent act() calls queue here
 
     @classmethod
     def of_model(cls, model, tok, cfg: PolicyConfig, models_cfg: ModelsConfig, compat="webrl") -> HFPolicy:
         """Greedy generation with a model already in memory (a model being trained), as ``generate`` does for a
         checkpoint folder."""
         self = cls.__new__(cls)
-        self.cfg, self.models_cfg, self.tok, self.model = cfg, models_cfg, tok, model
-        self.compat, self.framed = as_format(compat).compat, True  # prompts are given as the model reads them
+        self._bind(tok, model, cfg, models_cfg, compat)
+        self.framed = True  # prompts are given as the model reads them
         self.model_path, self.device, self.temperature, self.style = "<in memory>", model.device, 0.0, "completion"
         self.policy_id = "hf:<in memory>"
+        return self
+
+    def _bind(self, tok, model, cfg: PolicyConfig, models_cfg: ModelsConfig, compat: str | PromptFormat) -> None:
+        """The tokenizer, model and settings every generation reads: stop ids and the prompt's token room."""
+        fmt = as_format(compat)
+        self.cfg, self.models_cfg, self.tok, self.model = cfg, models_cfg, tok, model
+        self.framed = fmt.framed  # prompts arrive rendered through the chat template already
+        self.compat = fmt.compat
         self.stop_ids = sorted({stop_token_id(tok)} | ({tok.eos_token_id} - {None}))
         max_pos = getattr(model.config, "max_position_embeddings", None) or models_cfg.max_length
         self.max_prompt_tokens = min(models_cfg.max_length, max_pos) - cfg.max_new_tokens
-        self._lock = threading.Lock()
-        return self
+        if self.max_prompt_tokens < 16:
+            raise ValueError(f"policy.max_new_tokens={cfg.max_new_tokens} leaves no room for the prompt "
+                             f"(model max length {min(models_cfg.max_length, max_pos)})")
+        self._lock = threading.Lock()  # one generate() at a time; concurrent act() calls queue here
 
     @property
     def policy_digest(self) -> str:

@@ -56,8 +56,9 @@ def oracle_steps(store, episode_ids: list[str]) -> list[dict]:
     return out
 
 
-def collect(settings, run_dir: str, demos: int, val_tasks: int) -> tuple[list[dict], list[dict]]:
-    """Oracle demonstrations and validation steps (stored in ``run_dir`` and reused by later calls)."""
+def collect(settings, run_dir: str, demos: int, val_tasks: int) -> tuple[list[dict], list[dict], set[str]]:
+    """Oracle demonstrations' and validation tasks' steps (stored in ``run_dir`` and reused by later calls), and the
+    demonstrated intents (validation tasks never repeat one)."""
     from webrl_core.artifacts import read_json
     from webrl_core.bench.sft import validation_tasks
     from webrl_core.pipeline import experience, task_sets
@@ -65,7 +66,8 @@ def collect(settings, run_dir: str, demos: int, val_tasks: int) -> tuple[list[di
 
     demo_ref = task_sets.train_task_pool(settings, run_dir, demos, 1, f"bench_sft_demos_{demos}")
     demo_roll = experience.rollout(settings, run_dir, 0, "oracle", demo_ref, None, 0.0)
-    val_ref = validation_tasks(settings, run_dir, val_tasks, {t["intent"] for t in read_json(demo_ref)})
+    demo_intents = {t["intent"] for t in read_json(demo_ref)}
+    val_ref = validation_tasks(settings, run_dir, val_tasks, demo_intents)
     val_roll = experience.rollout(settings, run_dir, 0, "oracle", val_ref, None, 0.0)
     store = TrajectoryStore(run_dir)
     train, val = oracle_steps(store, demo_roll["episode_ids"]), oracle_steps(store, val_roll["episode_ids"])
@@ -73,7 +75,7 @@ def collect(settings, run_dir: str, demos: int, val_tasks: int) -> tuple[list[di
         raise RuntimeError(f"bench sft-curve: the oracle solved {demo_roll['env_success']}/{demo_roll['n']} "
                            f"demonstration and {val_roll['env_success']}/{val_roll['n']} validation tasks; both "
                            f"need successes (is env.max_steps={settings.env.max_steps} too small?)")
-    return train, val
+    return train, val, demo_intents
 
 
 def score(response: str, oracle: str) -> dict[str, bool | None]:
@@ -126,10 +128,11 @@ class NextActionCurve(TrainerCallback):
         if was_training:
             model.train()
         marks = [score(r, a) for r, a in zip(responses, self.actions)]
-        pairs = min(step * self.pairs_per_step, len(self.pair_tokens) * 10**6)
+        pairs = step * self.pairs_per_step
         seen = sum(self.pair_tokens[i % len(self.pair_tokens)] for i in range(pairs))
         point = {"step": step, "pairs": pairs, "epochs": round(pairs / len(self.pair_tokens), 3), "tokens": seen,
-                 "train_s": round(self.train_s, 1), "tokens_per_s": round(seen / self.train_s) if self.train_s else None,
+                 "train_s": round(self.train_s, 1),
+                 "tokens_per_s": round(seen / self.train_s) if self.train_s else None,
                  "eval_s": round(time.perf_counter() - t0, 1), **summarise(marks),
                  "examples": [{"oracle": a, "model": r} for r, a in list(zip(responses, self.actions))[:3]]}
         self.points.append(point)
@@ -176,15 +179,14 @@ def plot(points: list[dict], path: Path, title: str) -> Path:
     return path
 
 
-def confirm(settings, run_dir: str, actor_dir: Path, demos: int, n_tasks: int) -> dict:
+def confirm(settings, run_dir: str, actor_dir: Path, demo_intents: set[str], n_tasks: int) -> dict:
     """Task success of the trained actor: greedy rollouts (``policy.eval_temperature``) on ``n_tasks`` validation
     tasks, scored by the sites' evaluators, with prompts in the run's format."""
-    from webrl_core.artifacts import ArtifactRef, read_json
+    from webrl_core.artifacts import ArtifactRef
     from webrl_core.bench.sft import validation_tasks
-    from webrl_core.pipeline import experience, task_sets
+    from webrl_core.pipeline import experience
 
-    demo_ref = task_sets.train_task_pool(settings, run_dir, demos, 1, f"bench_sft_demos_{demos}")
-    val_ref = validation_tasks(settings, run_dir, n_tasks, {t["intent"] for t in read_json(demo_ref)})
+    val_ref = validation_tasks(settings, run_dir, n_tasks, demo_intents)
     t0 = time.perf_counter()
     roll = experience.rollout(settings, run_dir, 0, "eval", val_ref, ArtifactRef.of(actor_dir, "model"),
                               settings.policy.eval_temperature)
@@ -202,14 +204,13 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
     from webrl_core.hardware import cpu_summary
     from webrl_core.learn.models import encode_prompt_action, load_tokenizer
     from webrl_core.learn.training import actor_micro_batches, sft_train
-    from webrl_core.pipeline import bootstrap
     from webrl_core.prompts import build_prompt, prompt_format
     from webrl_core.runs import tracking
 
     run_dir, out = str(run_dir), Path(out)
     if not settings.models.actor:
         raise ValueError("bench sft-curve measures a pretrained actor (models.actor); this config has none")
-    train, val = collect(settings, run_dir, demos, val_tasks)
+    train, val, demo_intents = collect(settings, run_dir, demos, val_tasks)
     val = random.Random(settings.run.seed).sample(val, min(val_steps, len(val)))
     tok = load_tokenizer(settings.models.actor)
     fmt = prompt_format(settings, tok)
@@ -242,7 +243,7 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
         actor_dir = Path(run_dir) / "sft-curve" / (label or "actor")
         metrics = sft_train(pairs, ArtifactRef.of(settings.models.actor, "model").path, actor_dir, settings,
                             callbacks=[curve])
-        confirmed = confirm(settings, run_dir, actor_dir, demos, val_rollouts) if val_rollouts else {}
+        confirmed = confirm(settings, run_dir, actor_dir, demo_intents, val_rollouts) if val_rollouts else {}
         tracking.log_metrics({k: v for k, v in confirmed.items()})
         for p in curve.points:
             tracking.log_metrics({k: p[k] for k in ("exact", "element", "typed_args", "well_formed", "tokens")},

@@ -121,7 +121,10 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
         # 5. the new actor on the held-out test set
         evaluation, eval_metrics = run(T.evaluate, k, actor, test_set)
 
-        metrics = {**generation, **filtering, "kept_by_review": len(read_json(tasks)),
+        n_tasks = len(read_json(tasks))
+        metrics = {**generation, **filtering, "kept_by_review": n_tasks,
+                   # the curriculum's yield: the share of the phase's kept tasks the evaluators say actor k-1 solved
+                   "kept_solve_rate": labels["env_successes"] / max(1, n_tasks),
                    "rollout_episodes": rollouts["n"], "rollout_errors": rollouts["errors"], **labels,
                    **sample_stats, **replay_stats, **{f"critic_{n}": v for n, v in critic_stats.items()},
                    **{f"actor_{n}": v for n, v in actor_stats.items()}, **eval_metrics}

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from shared_prefect import API_ENV, WEBRL, prefect_env, task_states, webrl
+from webrl_core.runs import loss_history
 from webrl_core.runs.store import TrajectoryStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -46,7 +47,14 @@ def test_bootstrap_and_phase_write_store_models_and_mlflow(smoke_run):
         assert (run / "models" / "phase=1" / name).is_symlink()
     assert (run / "models" / "phase=0" / "orm" / "config.json").exists()
     assert json.loads((run / "eval" / "phase=1.json").read_text())["total"]["n"] == 6
-    assert (run / "plots" / "success_per_site.png").stat().st_size > 1000
+    plots = {"success_per_site.png", "losses.png", "curriculum_funnel.png", "orm_agreement.png"}
+    assert all((run / "plots" / name).stat().st_size > 1000 for name in plots)
+    # each training's loss history lives in its model folder: a point per step, or about 50 for a long one
+    trainings = loss_history.run_trainings(run)
+    assert [t["label"] for t in trainings] == ["bootstrap SFT", "bootstrap ORM", "phase 1 critic", "phase 1 actor"]
+    assert all(len(t["history"]) >= min(t["global_step"], 25) >= 1 for t in trainings), trainings
+    report1 = json.loads((run / "reports" / "phase=1.json").read_text())
+    assert report1["kept_solve_rate"] == report1["env_successes"] / report1["kept_by_review"]
     assert (run / "viewer" / "index.html").exists()
     client = mlflow.MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
     exp = client.get_experiment_by_name("webrl")
@@ -55,6 +63,9 @@ def test_bootstrap_and_phase_write_store_models_and_mlflow(smoke_run):
     m = runs["webrl-phase-1"].data.metrics
     assert "test_success_rate" in m and "orm_accuracy" in m and "generated" in m
     assert {"test_solved", "test_failed", "test_errored"} <= set(m)
+    assert {"kept_solve_rate", "env_successes", "orm_yes"} <= set(m)
+    logged = client.list_artifacts(runs["webrl-phase-1"].info.run_id, "plots")
+    assert {Path(a.path).name for a in logged} == plots
     versions = client.search_model_versions("name='webrl-actor'")  # registry failures fail the phase, so it is there
     assert any(v.tags.get("phase") == "1" and v.run_id == runs["webrl-phase-1"].info.run_id for v in versions)
     # every stored episode says what produced it; the phase's rollouts come from the phase-start actor

@@ -11,6 +11,7 @@ from webrl_core.learn.models import build_embedded_model, left_pad, train_embedd
 from webrl_core.prompts import build_prompt
 from webrl_core.learn.training import train_critic
 from webrl_core.learn.transitions import build_transitions
+from webrl_core.runs import loss_history
 
 
 def _texts():
@@ -109,6 +110,10 @@ def test_train_save_load_and_learns_success(tiny, tmp_path):
     before = Critic.from_backbone(tiny["gpt_neox"], 0.1, 256, device="cpu", seed=settings.run.seed)
     stats = train_critic(samples, tiny["gpt_neox"], tmp_path / "critic", settings)
     assert stats["n_prompts"] == len(samples) and stats["steps"] > 0
+    history = loss_history.read(tmp_path / "critic")  # the loss at every step, in the saved folder
+    assert history["training"] == "critic"
+    assert [h["step"] for h in history["history"]] == list(range(1, 1 + stats["steps"]))
+    assert [[h["step"], h["loss"]] for h in history["history"]] == stats["loss_curve"]
     critic = Critic.load(tmp_path / "critic", device="cpu")
     ok = [s["observation"] for s in samples if s["mc_return"] > 0]
     bad = [s["observation"] for s in samples if s["mc_return"] == 0]

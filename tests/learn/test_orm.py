@@ -12,6 +12,7 @@ from webrl_core.learn.models import build_embedded_model, load_tokenizer, train_
 from webrl_core.learn.orm import (OrmScorer, answer_sequences, answer_token_ids, evaluate_orm, official_orm_p_yes, orm_decision,
                             orm_examples_from_episodes, orm_prompt_for_episode, split_examples, train_orm)
 from webrl_core.prompts import build_orm_prompt
+from webrl_core.runs import loss_history
 
 OK = 'do(action="Click", element="1")'
 BAD = 'do(action="Scroll Down")'
@@ -92,6 +93,9 @@ def test_train_orm_learns_and_evaluates(tmp_path):
     before = evaluate_orm(OrmScorer(model_dir, cfg, mcfg), ex)
     out = train_orm(ex, model_dir, tmp_path / "orm", cfg, mcfg, seed=0)
     assert (out / "model.safetensors").exists()
+    history = loss_history.read(out)["history"]  # 40 epochs of one step each, a loss at every step
+    assert loss_history.read(out)["training"] == "orm" and [h["step"] for h in history] == list(range(1, 41))
+    assert history[-1]["loss"] < history[0]["loss"]
     after = evaluate_orm(OrmScorer(out, cfg, mcfg), ex)
     assert after["accuracy"] == 1.0 and after["precision"] == 1.0 and after["recall"] == 1.0
     assert after["n"] == 8 and after["tp"] == 4 and after["tn"] == 4

@@ -15,6 +15,7 @@ from webrl_core.learn.training import (WebRLConfig, action_logprobs, actor_micro
                                        encode_samples, sequence_logprobs, sft_train, train_actor, train_critic,
                                        webrl_actor_loss)
 from webrl_core.learn.transitions import build_transitions
+from webrl_core.runs import loss_history
 
 T = torch.tensor
 
@@ -136,6 +137,15 @@ def _samples():
     return build_transitions(eps)
 
 
+def _check_loss_history(model_dir, training: str, stats: dict) -> None:
+    """The saved model folder holds the training's loss history: one point per optimizer step of a short
+    training (``LOGGING_STEPS``), the curve the trainer returned."""
+    doc = loss_history.read(model_dir)
+    assert doc is not None and doc["training"] == training and doc["global_step"] == stats["steps"]
+    assert doc["logging_steps"] == 1 and [h["step"] for h in doc["history"]] == list(range(1, stats["steps"] + 1))
+    assert [[h["step"], h["loss"]] for h in doc["history"]] == stats["loss_curve"]
+
+
 def _per_token_logp(model_dir, samples, settings):
     tok = load_tokenizer(model_dir)
     model = load_causal_lm(model_dir, settings.models)
@@ -156,6 +166,7 @@ def test_official_loss_raises_positive_actions_with_bounded_kl(tiny, tmp_path, a
     stats = train_actor(samples, tiny[arch], tmp_path / "a", settings, critic_dir=tiny[f"critic_{arch}"],
                         progress=False)
     assert stats["n_train"] == len(samples) == stats["n_positive"]  # successes: every step is positive
+    _check_loss_history(tmp_path / "a", "actor", stats)
     before = _per_token_logp(tiny[arch], samples, settings)
     after = _per_token_logp(tmp_path / "a", samples, settings)
     ratio = (after - before).mean().item()
@@ -195,6 +206,9 @@ def test_sft_bootstrap_learns_the_actions(tiny, tmp_path, capfd, monkeypatch):
                                  "bootstrap.sft_lr=0.01", "bootstrap.sft_epochs=10"])
     stats = sft_train([(s["observation"], s["action"]) for s in samples], tiny["llama"], tmp_path / "sft", settings)
     assert stats["steps"] == 20
+    _check_loss_history(tmp_path / "sft", "sft", stats)
+    losses = [loss for _, loss in stats["loss_curve"]]
+    assert losses[-1] < losses[0] / 2  # the curve shows the learning
     shown = capfd.readouterr()
     # one progress line of ours ("train sft ... 20/20 ... loss"), not the Trainer's printed log dicts or TRL's panel
     assert "train sft" in shown.out and "20/20" in shown.out

@@ -53,6 +53,7 @@ def test_reward_source_decides_the_labels_and_the_orm_is_measured_either_way(tmp
     assert out["reward_source"] == source and out["labelled_success_rate"] == sum(labels) / 5
     assert out["orm_accuracy"] == sum(a == b for a, b in zip(orm_says, truth)) / 5
     assert out["env_success_rate"] == 0.4
+    assert out["env_successes"] == 2 and out["orm_yes"] == sum(orm_says)  # the curriculum funnel's counts
 
 
 def test_an_unknown_reward_source_is_refused_by_name():

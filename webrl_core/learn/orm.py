@@ -20,7 +20,8 @@ length-sorted, left-padded micro-batches of ``orm.batch_size``.
 
 Training: ``train_orm`` is a TRL ``SFTTrainer`` run on a prompt-completion dataset, pre-tokenised by us so the
 prompt ids are identical to the scoring ids (``models.encode_prompt_action``: prompt + answer + stop token), with a
-completion-only loss (the loss covers the answer token and the stop token).
+completion-only loss (the loss covers the answer token and the stop token); its loss history goes into the saved
+folder (``loss_history.json``, ``webrl_core.runs.loss_history``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from webrl_core.learn.models import (ORM_ANSWER_TOKENS, encode_prompt, encode_pr
                                last_hidden_states, left_pad, load_causal_lm, load_tokenizer, position_ids_from_mask,
                                resolve_device, save_model, trainer_precision_args, unwrap)
 from webrl_core.prompts import build_orm_prompt, check_compat
+from webrl_core.runs import loss_history
 
 
 def orm_decision(yes_logit: float, no_logit: float, threshold: float = 0.5) -> tuple[float, bool]:
@@ -191,7 +193,7 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
 
     from webrl_core.learn.sft_trainer import SelectedLogitsSFTTrainer
 
-    from webrl_core.learn.training import fit, progress_callbacks
+    from webrl_core.learn.training import LOGGING_STEPS, fit, progress_callbacks
 
     cfg = cfg or OrmConfig()
     models_cfg = models_cfg or ModelsConfig()
@@ -203,7 +205,7 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
     args = SFTConfig(
         output_dir=str(Path(out_dir) / "_trainer"), num_train_epochs=cfg.epochs, learning_rate=cfg.lr,
         per_device_train_batch_size=cfg.batch_size, lr_scheduler_type="cosine", warmup_steps=0.1,
-        logging_steps=10, save_strategy="no", report_to="none", seed=seed, completion_only_loss=True,
+        logging_steps=LOGGING_STEPS, save_strategy="no", report_to="none", seed=seed, completion_only_loss=True,
         max_length=models_cfg.max_length, activation_checkpointing=models_cfg.gradient_checkpointing,
         use_cpu=device.type == "cpu", **trainer_precision_args(models_cfg, device),
         disable_tqdm=True)  # progress: rich (progress_callbacks), as everywhere else
@@ -213,7 +215,10 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
     fit(trainer)
     model = trainer.model
     model.eval()
-    return save_model(model, tok, out_dir)
+    out = save_model(model, tok, out_dir)  # under accelerate: a saver that writes from the main process only
+    if trainer.is_world_process_zero():
+        loss_history.write(out_dir, "orm", trainer.state)
+    return out
 
 
 def evaluate_orm(scorer: OrmScorer, examples: Sequence[dict]) -> dict:

@@ -35,7 +35,9 @@ as ``accelerate launch`` jobs (``training.launcher: accelerate``; configs in ``i
 DeepSpeed ZeRO-3 with CPU offload). Every rank reads the same data and builds the same model (same seed); the Trainer
 shards the batches; the model is saved once, by the main process, after gathering the full weights under FSDP /
 DeepSpeed ZeRO-3 (``_full_model``: a collective, every rank calls it). Each trainer returns ``loss_curve``, the
-Trainer's logged [step, loss] pairs (the loss of a logged step is averaged over the logging window and the ranks).
+Trainer's logged [step, loss] pairs (the loss of a logged step is averaged over the logging window and the ranks),
+and writes them into the model folder it saves (``webrl_core.runs.loss_history``: ``loss_history.json``). A
+training logs about ``1 / LOGGING_STEPS`` points, every optimizer step when it has fewer.
 
 The precompute is split across the processes and gathered (``accelerate.PartialState``); the trainers are
 ``transformers.Trainer`` subclasses, so data sharding, gradient sync and clipping come from Trainer/accelerate.
@@ -79,6 +81,7 @@ from transformers.trainer_callback import PrinterCallback
 from webrl_core.learn import advantage as adv_mod
 from webrl_core.config import ActorTrainConfig
 from webrl_core.logs import is_verbose
+from webrl_core.runs import loss_history
 from webrl_core.learn.critic import Critic, critic_examples, critic_loss
 from webrl_core.learn.models import (autocast_context, count_parameters, encode_prompt_action, left_pad, load_causal_lm,
                                load_tokenizer, resolve_device, save_model, trainer_precision_args, training_dtype)
@@ -86,6 +89,12 @@ from webrl_core.learn.models import (autocast_context, count_parameters, encode_
 
 # ---------------------------------------------------------------------------------------------
 # configs
+
+LOGGING_STEPS = 0.02
+"""The Trainers' ``logging_steps`` as a share of the training's steps (ceil(0.02 x steps) steps per logged loss):
+about 50 points of a long training's loss curve, and one per step of a short one (a fixed 10 left the short
+trainings of a small run one point or none)."""
+
 
 def _fields_of(section: type, names: tuple[str, ...]):
     """A class decorator: the dataclass fields ``names`` of a pydantic config section -- type, default and help
@@ -190,7 +199,7 @@ def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_
     return cls(output_dir=str(out_dir / "trainer"), per_device_train_batch_size=batch_size,
                gradient_accumulation_steps=grad_accum, learning_rate=lr, num_train_epochs=epochs,
                max_steps=max_steps if max_steps else -1, lr_scheduler_type=scheduler, warmup_steps=warmup,
-               weight_decay=0.01, max_grad_norm=max_grad_norm, logging_steps=10, save_strategy="no",
+               weight_decay=0.01, max_grad_norm=max_grad_norm, logging_steps=LOGGING_STEPS, save_strategy="no",
                report_to="none", remove_unused_columns=False, use_cpu=use_cpu, seed=settings.run.seed,
                data_seed=settings.run.seed, disable_tqdm=True, dataloader_num_workers=0,
                train_sampling_strategy="group_by_length", **extra)  # less padding; uses the "length" column
@@ -499,7 +508,7 @@ def distributed_save_model(save, base_model_dir: str | Path, models_cfg):
 
 def _loss_curve(trainer: Trainer) -> list[list[float]]:
     """[step, loss] of every logged training step (mean over the logging window and, under DDP, the ranks)."""
-    return [[h["step"], h["loss"]] for h in trainer.state.log_history if "loss" in h and "step" in h]
+    return [[h["step"], h["loss"]] for h in loss_history.history_entries(trainer.state.log_history)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -584,6 +593,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
                                                        trainable=True))
     if full is not None:
         save_model(full, tok, out_dir)
+        loss_history.write(out_dir, "actor", trainer.state)
     trainer.accelerator.wait_for_everyone()
     lengths = [len(r["input_ids"]) for r in rows]
     return stats | {"train_s": round(t_train, 3), "train_loss": result.training_loss, "steps": result.global_step,
@@ -675,6 +685,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     full = _full_model(trainer, lambda: build("cpu"))
     if full is not None:
         full.save(out_dir)
+        loss_history.write(out_dir, "critic", trainer.state)
     trainer.accelerator.wait_for_everyone()
     labels = [e["label"] for e in examples]
     lengths = [r["length"] for r in rows]
@@ -732,6 +743,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
                                                        trainable=True))
     if full is not None:
         save_model(full, tok, out_dir)
+        loss_history.write(out_dir, "sft", trainer.state)
     trainer.accelerator.wait_for_everyone()
     return {"n_pairs": len(pairs), "train_s": round(train_s, 3), "train_loss": result.training_loss,
             "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * epochs),

@@ -122,7 +122,8 @@ def env_label(episode: dict) -> bool | None:
 def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: ArtifactRef) -> dict:
     """Label the phase's episodes: ``reward.source: orm`` success iff the ORM's P(YES) >= ``orm.threshold``
     (paper Sec. 3.2); ``env``: the sites' evaluators. The ORM scores every episode in both cases, and its
-    agreement with the evaluators (accuracy, precision and recall of YES) is reported."""
+    agreement with the evaluators (accuracy, precision and recall of YES) is reported, with the counts of
+    episodes the evaluators solved (``env_successes``) and the ORM called YES (``orm_yes``)."""
     store = TrajectoryStore(run_dir)
     eps, by_ep = store.finished_episodes(rollouts["episode_ids"])
     eps = [e for e in eps if by_ep.get(e["episode_id"])]
@@ -143,6 +144,7 @@ def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: Artif
     fn = sum(b and not a for a, b in scored)
     n, labelled = len(eps), [y for y in label if y is not None]
     return {"episodes": n, "reward_source": settings.reward.source, "unscored": n - len(scored),
+            "env_successes": sum(b for _, b in scored), "orm_yes": sum(pred),
             "labelled_success_rate": sum(labelled) / max(1, len(labelled)),
             "orm_success_rate": sum(pred) / max(1, n), "env_success_rate": sum(b for _, b in scored) / max(1, len(scored)),
             "orm_accuracy": sum(a == b for a, b in scored) / max(1, len(scored)),

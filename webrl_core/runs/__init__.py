@@ -7,6 +7,7 @@ tracking, the HTML trajectory viewer and the result tables and plots.
     tracking  MLflow runs (one per flow run, nested per sub-flow)
     viewer    static HTML pages per episode and phase
     report    per-site success tables, plots, MLflow and Prefect artifacts
+    loss_history  the loss history each training writes into its model folder, and a run's trainings
 
 Layer: above the foundation modules (``webrl_core.config``, ``identity``, ``artifacts`` ...), below everything else.
 """

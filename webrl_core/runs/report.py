@@ -1,10 +1,17 @@
 """Results people look at: the per-site success table (bootstrap vs each phase, like the paper's Table 1),
-plots (success per site across phases, losses, curriculum funnel), and their publication to MLflow.
+plots, and their publication to MLflow. The plots, in ``<run_dir>/plots``:
 
-Inputs are files the stages wrote: ``eval/phase=k.json`` (per-site counts) and ``reports/phase=k.json``
-(the phase's metrics). Success rate per site = solved / (solved + failed) episodes on the held-out test set;
-errored and unscored episodes (a task that needs the LLM judge, and ``eval.judge`` was empty) are counted apart,
-and the summaries say how many, and when the deterministic fallback scored fuzzy tasks (``eval.judge: none``).
+    success_per_site.png   test success per site and on average, bootstrap SFT and each phase
+    losses.png             each training's loss against its optimizer steps (SFT, ORM, critic, actor panels)
+    curriculum_funnel.png  per phase: generated -> kept by the filter -> kept by review -> rolled out ->
+                           solved by the evaluators -> ORM YES, with the kept tasks' solve rate
+    orm_agreement.png      the ORM's accuracy, precision and recall of YES against the evaluators per phase
+
+Inputs are files the stages wrote: ``eval/phase=k.json`` (per-site counts), ``reports/phase=k.json``
+(the phase's metrics) and the ``loss_history.json`` in each trained model's folder. Success rate per site =
+solved / (solved + failed) episodes on the held-out test set; errored and unscored episodes (a task that needs the
+LLM judge, and ``eval.judge`` was empty) are counted apart, and the summaries say how many, and when the
+deterministic fallback scored fuzzy tasks (``eval.judge: none``).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from webrl_core.runs import loss_history
 from webrl_core.websites import SITE_TITLES, SITES
 
 
@@ -91,16 +99,32 @@ def notes_markdown(rows: list[dict]) -> str:
     return ("\n" + "\n".join(notes) + "\n") if notes else ""
 
 
-def plot_success(run_dir: str | Path) -> Path | None:
+def _figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (6, 4)):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False)
+    return plt, fig, axes
+
+
+def _save(plt, fig, run_dir: str | Path, name: str) -> Path:
+    out = Path(run_dir) / "plots" / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_success(run_dir: str | Path) -> Path | None:
+    """``plots/success_per_site.png``: test success per site and on average, bootstrap SFT and each phase."""
     rows = [r for r in results_table(run_dir) if r["label"] == "SFT (bootstrap)" or r["label"].startswith("WebRL phase")]
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(6, 4))
+    plt, fig, axes = _figure()
+    ax = axes[0, 0]
     xs = [r["phase"] for r in rows]
     for s in SITES:
         ys = [100 * r[s] if r[s] is not None else float("nan") for r in rows]
@@ -111,55 +135,134 @@ def plot_success(run_dir: str | Path) -> Path | None:
     ax.set_xticks(xs)
     ax.legend(fontsize=8)
     ax.set_title("Success per site across phases")
-    out = Path(run_dir) / "plots" / "success_per_site.png"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    return _save(plt, fig, run_dir, "success_per_site.png")
+
+
+def loss_panels(run_dir: str | Path) -> list[tuple[str, list[dict]]]:
+    """[(training kind, [its trainings' loss histories])] of a run, in the order a run trains (sft, orm, critic,
+    actor), kinds without a logged loss left out (``webrl_core.runs.loss_history.run_trainings``)."""
+    trainings = [t for t in loss_history.run_trainings(run_dir) if t["history"]]
+    return [(kind, [t for t in trainings if t["training"] == kind]) for kind in loss_history.TRAININGS
+            if any(t["training"] == kind for t in trainings)]
+
+
+def plot_losses(run_dir: str | Path) -> Path | None:
+    """``plots/losses.png``: each training's loss against its optimizer steps, one panel per kind of training
+    (bootstrap SFT, ORM, critic, actor) and one line per training in it ("phase 2 actor"), from the
+    ``loss_history.json`` in the run's model folders. None without any."""
+    panels = loss_panels(run_dir)
+    if not panels:
+        return None
+    ncols = min(2, len(panels))
+    plt, fig, axes = _figure(ncols, -(-len(panels) // ncols), (5.5, 3.6))
+    for ax, (kind, trainings) in zip(axes.flat, panels):
+        for t in trainings:
+            steps = [h["step"] for h in t["history"]]
+            ax.plot(steps, [h["loss"] for h in t["history"]], marker="o" if len(steps) <= 30 else None,
+                    markersize=3, label=t["label"])
+        ax.set_title(f"{loss_history.TITLES[kind]} training")
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel("training loss")
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle("Training losses (each point: the mean over its logging window)", fontsize=10)
+    return _save(plt, fig, run_dir, "losses.png")
+
+
+FUNNEL = (("generated", "generated"), ("kept", "kept by filter"), ("kept_by_review", "kept by review"),
+          ("rollout_episodes", "rolled out"), ("env_successes", "solved\n(evaluators)"), ("orm_yes", "ORM YES"))
+"""The curriculum funnel's stages: (key in ``reports/phase=k.json``, bar label). ``kept``: what the critic's
+filter handed on (its window, plus any top-up, at most ``curriculum.tasks_per_phase``)."""
+
+
+def funnel_counts(metrics: dict) -> dict[str, int]:
+    """{stage key: count} of the curriculum funnel of one phase's metrics. Reports written before the counts
+    existed have the rates of the phase's scored episodes instead, from which the counts follow."""
+    out = {key: int(metrics.get(key, 0)) for key, _ in FUNNEL}
+    n, unscored = metrics.get("episodes", metrics.get("rollout_episodes", 0)), metrics.get("unscored", 0)
+    if "env_successes" not in metrics and "env_success_rate" in metrics:
+        out["env_successes"] = round(metrics["env_success_rate"] * (n - unscored))
+    if "orm_yes" not in metrics and "orm_success_rate" in metrics:
+        out["orm_yes"] = round(metrics["orm_success_rate"] * n)
     return out
 
 
-def plot_funnel_and_losses(run_dir: str | Path) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_funnel(run_dir: str | Path) -> Path | None:
+    """``plots/curriculum_funnel.png``: per WebRL phase, the tasks generated -> kept by the filter -> kept by review
+    -> the episodes rolled out -> solved by the sites' evaluators -> judged YES by the ORM, and the kept tasks'
+    solve rate (solved / kept by review) in each phase's legend entry. None before phase 1."""
     reps = [(k, m) for k, m in _phases(run_dir, "reports") if k > 0]
     if not reps:
-        return []
-    out_dir = Path(run_dir) / "plots"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    fig, ax = plt.subplots(figsize=(6, 4))
-    stages = [("generated", "generated"), ("kept_by_critic", "kept by critic"), ("kept_by_review", "kept by review"),
-              ("rollout_episodes", "rolled out"), ("orm_success_rate", "ORM successes")]
-    width = 0.8 / max(1, len(reps))
+        return None
+    plt, fig, axes = _figure(size=(7, 4.2))
+    ax = axes[0, 0]
+    width = 0.8 / len(reps)
     for i, (k, m) in enumerate(reps):
-        vals = [m.get(key, 0) * (m.get("rollout_episodes", 0) if key == "orm_success_rate" else 1) for key, _ in stages]
-        ax.bar([j + i * width for j in range(len(stages))], vals, width, label=f"phase {k}")
-    ax.set_xticks([j + width * (len(reps) - 1) / 2 for j in range(len(stages))], [l for _, l in stages], fontsize=8)
-    ax.set_ylabel("tasks")
+        counts = funnel_counts(m)
+        xs = [j + i * width for j in range(len(FUNNEL))]
+        solve = m.get("kept_solve_rate", counts["env_successes"] / max(1, counts["kept_by_review"]))
+        bars = ax.bar(xs, [counts[key] for key, _ in FUNNEL], width,
+                      label=f"phase {k} (kept tasks solved: {100 * solve:.0f}%)")
+        ax.bar_label(bars, fontsize=7)
+    ax.set_xticks([j + width * (len(reps) - 1) / 2 for j in range(len(FUNNEL))], [l for _, l in FUNNEL], fontsize=8)
+    ax.set_ylabel("tasks / episodes")
     ax.set_title("Curriculum funnel")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out_dir / "curriculum_funnel.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("critic_train_loss", "critic loss"), ("actor_train_loss", "actor loss")):
-        xs = [k for k, m in reps if key in m]
-        if xs:
-            ax.plot(xs, [m[key] for k, m in reps if key in m], marker="o", label=label)
-    ax.set_xlabel("phase")
-    ax.set_ylabel("final training loss")
-    ax.set_title("Training losses per phase")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out_dir / "losses.png")
-    fig.savefig(paths[-1], dpi=110)
-    plt.close(fig)
-    return paths
+    ax.legend(fontsize=8)
+    return _save(plt, fig, run_dir, "curriculum_funnel.png")
+
+
+AGREEMENT = (("accuracy", "accuracy"), ("precision", "precision of YES"), ("recall", "recall of YES"))
+
+
+def orm_agreement(run_dir: str | Path) -> list[dict]:
+    """[{phase, on, n, accuracy, precision, recall}]: the ORM against the sites' evaluators, on the bootstrap's
+    held-out ORM examples (phase 0, ``on`` "held-out", ``orm_heldout_*``) and on each WebRL phase's rollouts
+    (``on`` "rollouts", ``orm_*`` of the orm-label stage; n = the episodes the evaluators scored)."""
+    out = []
+    for k, m in _phases(run_dir, "reports"):
+        if k == 0 and "orm_heldout_accuracy" in m:
+            out.append({"phase": 0, "on": "held-out", "n": int(m.get("orm_heldout_examples", 0)),
+                        **{key: m[f"orm_heldout_{key}"] for key, _ in AGREEMENT}})
+        elif k > 0 and "orm_accuracy" in m:
+            out.append({"phase": k, "on": "rollouts", "n": int(m.get("episodes", 0) - m.get("unscored", 0)),
+                        **{key: m[f"orm_{key}"] for key, _ in AGREEMENT}})
+    return out
+
+
+def plot_orm_agreement(run_dir: str | Path) -> Path | None:
+    """``plots/orm_agreement.png``: ``orm_agreement`` per phase, one line per measure over the phases' rollouts;
+    the bootstrap's held-out examples at phase 0 as hollow markers (other episodes, the same measure). None
+    without either."""
+    points = orm_agreement(run_dir)
+    if not points:
+        return None
+    plt, fig, axes = _figure()
+    ax = axes[0, 0]
+    live = [p for p in points if p["on"] == "rollouts"]
+    held = [p for p in points if p["on"] == "held-out"]
+    for i, (key, name) in enumerate(AGREEMENT):
+        if live:
+            ax.plot([p["phase"] for p in live], [100 * p[key] for p in live], marker="o", color=f"C{i}", label=name)
+        if held:
+            ax.plot([0], [100 * held[0][key]], marker="o", markerfacecolor="none", linestyle="none", color=f"C{i}",
+                    label=None if live else name)
+    if held and live:  # one legend entry for the hollow markers
+        ax.plot([], [], marker="o", markerfacecolor="none", linestyle="none", color="gray",
+                label="hollow: bootstrap held-out examples")
+    ax.set_xticks([p["phase"] for p in points], [f"{p['phase']}\n(n={p['n']})" for p in points])
+    ax.set_xlabel("phase (n = episodes scored by both)")
+    ax.set_ylabel("ORM vs the sites' evaluators (%)")
+    ax.set_ylim(-5, 105)
+    ax.set_title("ORM agreement with the evaluators")
+    ax.legend(fontsize=8)
+    return _save(plt, fig, run_dir, "orm_agreement.png")
+
+
+def plots(run_dir: str | Path) -> list[Path]:
+    """Every plot of a run that its files allow, written under ``<run_dir>/plots``."""
+    return [p for p in (plot_success(run_dir), plot_losses(run_dir), plot_funnel(run_dir),
+                        plot_orm_agreement(run_dir)) if p]
 
 
 def models_line(run_dir: str | Path) -> str:
@@ -194,8 +297,7 @@ def publish_phase(run_dir: str | Path, phase: int, metrics: dict, actor_ref=None
     rep = Path(run_dir) / "reports" / f"phase={phase}.json"
     rep.parent.mkdir(parents=True, exist_ok=True)
     rep.write_text(json.dumps(metrics, indent=1, sort_keys=True, default=str))
-    paths = [p for p in [plot_success(run_dir), *plot_funnel_and_losses(run_dir)] if p]
-    for p in paths:
+    for p in plots(run_dir):
         tracking.log_artifact(p, "plots")
     viewer = None
     try:

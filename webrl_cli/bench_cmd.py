@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+from typing import Optional
 
 import typer
 
@@ -113,6 +114,23 @@ def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt
 
     run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, val_steps=val_steps,
         every=every, out=out, label=label, val_rollouts=val_rollouts)
+
+
+@app.command("next-action")
+def bench_next_action(run: Optional[str] = typer.Option(None, help="run dir: every phase's actor (models/phase=k/actor)"),
+                      model: list[str] = typer.Option([], help="a checkpoint folder to mark as well (repeatable)"),
+                      config: str = typer.Option("demo", help="config whose prompt/models/policy settings are used"),
+                      demos: int = typer.Option(300, help="the demonstrations whose intents validation avoids"),
+                      val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
+                      val_steps: int = typer.Option(120, help="validation steps each actor answers greedily"),
+                      out: str = typer.Option("runs/bench-sft/next-action", help="writes OUT.json and OUT.png")):
+    """Next-action accuracy of each phase's actor of a run (and of named checkpoints) on the same validation steps
+    as bench sft-curve: does a WebRL phase keep what the SFT start knew?"""
+    from webrl_core.bench.next_action import run as run_bench
+    from webrl_core.config import load_config
+
+    run_bench(load_config(config, sets=set_), run, model, run_dir, demos=demos, val_tasks=val_tasks,
+              val_steps=val_steps, out=out)
 
 
 @app.command("copy-export")

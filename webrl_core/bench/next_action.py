@@ -1,0 +1,137 @@
+"""`webrl bench next-action`: greedy next-action accuracy of trained actors -- each phase's actor of a run
+(``<run_dir>/models/phase=k/actor``, k = 0 the SFT start) and any named checkpoint folders -- on the same
+validation steps, so a reader sees whether a WebRL phase kept, lifted or undid what the start knew before paying
+for a test-set evaluation.
+
+The steps are ``bench sft-curve``'s (oracle steps of validation tasks of the training pool whose intents are not
+among the demonstrations'; never the held-out test set), collected once in a bench run dir and reused; each
+actor answers every step greedily in the configured ``prompt.*`` format and is marked as there
+(``sft_curve.score``): for a phase k and a validation step i with oracle action a_i and greedy response r_i,
+
+    exact_k = (1/N) * sum_i [parse(r_i) == parse(a_i)]        (action, element id, argument and answer)
+
+and likewise ``element`` (the id, on steps that act on an element), ``typed_args`` (Type/Search/Select) and
+``well_formed``. A phase that undoes the start shows as exact_k < exact_0 by more than the sampling noise
+(about sqrt(p(1-p)/N): +-4.5 points at p = 0.6, N = 120).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+from webrl_core.bench.sft_curve import collect, score, summarise
+
+KEYS = ("exact", "element", "typed_args", "well_formed")
+
+
+def run_actors(run_dir: str | Path) -> list[tuple[str, Path]]:
+    """(label, folder) of every phase's published actor of a run, phase 0 (the SFT start) first."""
+    found = []
+    for d in (Path(run_dir) / "models").glob("phase=*"):
+        actor = d / "actor"
+        if actor.is_dir() and (actor / "config.json").is_file():
+            found.append((int(d.name.split("=", 1)[1]), actor))
+    return [("SFT (phase 0)" if k == 0 else f"phase {k}", a) for k, a in sorted(found)]
+
+
+def validation_steps(settings, bench_dir: str, demos: int, val_tasks: int, n: int) -> list[dict]:
+    """``n`` validation steps (sampled with the run seed + 1, so not the curve's own draw)."""
+    _, val, _ = collect(settings, bench_dir, demos, val_tasks)
+    return random.Random(settings.run.seed + 1).sample(val, min(n, len(val)))
+
+
+def measure(settings, actor_dir: Path, steps: list[dict]) -> dict:
+    """One actor's marks on ``steps`` (greedy, prompts rendered in the actor tokenizer's format)."""
+    from webrl_core.agent.policy import HFPolicy
+    from webrl_core.learn.models import load_tokenizer
+    from webrl_core.prompts import build_prompt, prompt_format
+
+    fmt = prompt_format(settings, load_tokenizer(actor_dir))
+    prompts = [build_prompt(s["intent"], s["past"], s["html"], settings.env.obs_char_budget, compat=fmt)
+               for s in steps]
+    policy = HFPolicy(actor_dir, settings.policy, settings.models, temperature=0.0, style=settings.prompt.style,
+                      compat=fmt)
+    t0 = time.perf_counter()
+    responses = policy.generate(prompts, temperature=0.0)
+    marks = [score(r, s["action"]) for r, s in zip(responses, steps)]
+    misses = [{"oracle": s["action"], "model": r} for r, s, m in zip(responses, steps, marks) if not m["exact"]]
+    return {"actor": str(actor_dir), "steps": len(steps), "eval_s": round(time.perf_counter() - t0, 1),
+            **summarise(marks), "misses": misses[:5]}
+
+
+def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos: int, val_tasks: int,
+        val_steps: int, out: str | Path) -> list[dict]:
+    """Mark every phase actor of ``run_dir`` and every folder of ``models``; write OUT.json and OUT.png, log an
+    MLflow run in the bench dir, print the table."""
+    from rich.progress import track
+
+    from webrl_core.errors import MissingInput
+    from webrl_core.hardware import cpu_summary
+    from webrl_core.runs import tracking
+
+    actors = run_actors(run_dir) if run_dir else []
+    if run_dir and not actors:
+        raise MissingInput(f"bench next-action: no published actor under {run_dir}/models/phase=*/actor")
+    for m in models:
+        if not (Path(m) / "config.json").is_file():
+            raise MissingInput(f"bench next-action: --model {m} is not a Hugging Face model folder (no config.json)")
+        actors.append((Path(m).name, Path(m)))
+    if not actors:
+        raise MissingInput("bench next-action: name a run (--run) or a checkpoint folder (--model)")
+    steps = validation_steps(settings, bench_dir, demos, val_tasks, val_steps)
+    rows = []
+    for label, actor in track(actors, description="next-action"):
+        rows.append({"label": label, **measure(settings, actor, steps)})
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = {"cpu": cpu_summary(), "run_dir": str(run_dir or ""), "val_steps": len(steps), "rows": rows}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    png = plot(rows, out.with_suffix(".png"), f"next-action accuracy on {len(steps)} validation steps, "
+                                               f"{result['cpu']}")
+    with tracking.start_run(bench_dir, f"next-action {Path(run_dir).name if run_dir else 'models'}",
+                            experiment="webrl-bench", config=settings.model_dump(mode="json")):
+        for i, r in enumerate(rows):
+            tracking.log_metrics({k: r[k] for k in KEYS}, step=i)
+        tracking.log_artifact(png, "next-action")
+        tracking.log_artifact(out.with_suffix(".json"), "next-action")
+    _print(result)
+    return rows
+
+
+def plot(rows: list[dict], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(rows) + 2), 4))
+    xs = range(len(rows))
+    for key in KEYS:
+        ax.plot(xs, [r[key] for r in rows], marker="o", label=key)
+    ax.set_xticks(list(xs), [r["label"] for r in rows], fontsize=8, rotation=20)
+    ax.set_ylabel("share of validation steps")
+    ax.set_ylim(0, 1)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _print(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"webrl bench next-action: {result['val_steps']} validation steps, greedy ({result['cpu']})")
+    for col in ("actor", "exact", "element", "typed args", "well-formed", "s"):
+        t.add_column(col, justify="right")
+    for r in result["rows"]:
+        t.add_row(r["label"], f"{100 * r['exact']:.1f}%", f"{100 * r['element']:.1f}%",
+                  f"{100 * r['typed_args']:.1f}% of {r['typed_args_n']}", f"{100 * r['well_formed']:.1f}%",
+                  f"{r['eval_s']:.0f}")
+    Console().print(t)

@@ -339,6 +339,10 @@ class ReplayConfig(Section):
     high: float = Field(0.95, ge=0, le=1, description="... and 1/PPL <= high")
     cap_ratio: float = Field(2.0, ge=0, description="at most cap_ratio x the current phase's step count")
     batch_size: int = Field(8, ge=1, description="micro-batch of the perplexity pass (chosen by measurement on CPU)")
+    scoring: Literal["all", "until_cap"] = Field(
+        "until_cap", description="all: 1/PPL of every buffered step, then window and cap (the official code); "
+                                 "until_cap: score a seeded shuffle until the cap is filled (the same random "
+                                 "subset's distribution, a fraction of the cost once the buffer is large)")
 
 
 class ActorTrainConfig(Section):

@@ -85,9 +85,37 @@ def test_score_replay_end_to_end(model):
     scores = inverse_perplexity(m, tok, ps, 512)
     lo = sorted(scores)[1]  # a window that keeps exactly the 4 highest-scoring items
     selected, stats = score_replay(cands, m, tok, n_current_steps=1, low=lo, high=1.0, cap_ratio=3.0,
-                                   max_length=512, batch_size=4)
-    assert stats["candidates"] == 7 and stats["deduplicated"] == 6 and stats["in_window"] == 4
+                                   max_length=512, batch_size=4, scoring="all")
+    assert stats["candidates"] == 7 and stats["scored"] == 6 and stats["deduplicated"] == 6 and stats["in_window"] == 4
     assert stats["selected"] == len(selected) == 3
     for r in selected:
         i = int(r["episode_id"][1:])
         assert r["rank_score"] == pytest.approx(scores[i]) and scores[i] > lo
+
+
+def test_scoring_until_the_cap_scores_less_and_draws_from_the_same_window(model):
+    """``until_cap`` scores a seeded shuffle until the cap is full: it stops early on a large buffer, every pick is
+    in the window with its true score, a cap above the window's size takes the whole window (as ``all`` does), and
+    over seeds every in-window step gets picked (a random subset, not a fixed one)."""
+    m, tok = model
+    ps = pairs(40)
+    cands = [{"episode_id": f"e{i:02d}", "idx": 0, "phase": 0, "intent": f"Open item {i}", "prompt": p,
+              "response": a} for i, (p, a) in enumerate(ps)]
+    scores = inverse_perplexity(m, tok, ps, 512)
+    lo = sorted(scores)[len(scores) // 4]  # three quarters of the buffer are in the window
+    window = {f"e{i:02d}" for i, s in enumerate(scores) if lo < s <= 1.0}
+    picked, stats = score_replay(cands, m, tok, n_current_steps=2, low=lo, high=1.0, cap_ratio=1.0,
+                                 max_length=512, batch_size=2, scoring="until_cap")
+    assert stats["selected"] == len(picked) == 2 and stats["scored"] == 32 < stats["deduplicated"] == 40
+    for r in picked:
+        assert r["episode_id"] in window and r["rank_score"] == pytest.approx(scores[int(r["episode_id"][1:])])
+    whole, _ = score_replay(cands, m, tok, n_current_steps=100, low=lo, high=1.0, max_length=512, scoring="until_cap")
+    both, _ = score_replay(cands, m, tok, n_current_steps=100, low=lo, high=1.0, max_length=512, scoring="all")
+    assert {r["episode_id"] for r in whole} == {r["episode_id"] for r in both} == window
+    seen = set()
+    for seed in range(40):
+        seen |= {r["episode_id"] for r in score_replay(cands, m, tok, 2, low=lo, high=1.0, cap_ratio=1.0,
+                                                       max_length=512, seed=seed, scoring="until_cap")[0]}
+    assert len(seen) > len(window) // 2
+    with pytest.raises(ValueError, match="replay.scoring"):
+        score_replay(cands, m, tok, 2, scoring="some")

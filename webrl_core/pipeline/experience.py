@@ -183,7 +183,7 @@ def replay_transitions(settings, run_dir: str, phase: int, actor_ref: ArtifactRe
     tok = load_tokenizer(actor_ref.path)
     picked, info = score_replay(rows, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
                                 max_length=settings.models.max_length, batch_size=rc.batch_size,
-                                seed=settings.run.seed, progress=True)
+                                seed=settings.run.seed, progress=True, scoring=rc.scoring)
     rank = {(r["episode_id"], r["idx"]): r["rank_score"] for r in picked}
     eps, by_ep = store.finished_episodes(sorted({e for e, _ in rank}))
     samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.transitions.gamma)

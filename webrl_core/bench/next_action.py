@@ -22,9 +22,7 @@ import random
 import time
 from pathlib import Path
 
-from webrl_core.bench.sft_curve import collect, score, summarise
-
-KEYS = ("exact", "element", "typed_args", "well_formed")
+from webrl_core.bench.sft_curve import MARKS, collect, plot_marks, score, summarise
 
 
 def run_actors(run_dir: str | Path) -> list[tuple[str, Path]]:
@@ -89,38 +87,17 @@ def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {"cpu": cpu_summary(), "run_dir": str(run_dir or ""), "val_steps": len(steps), "rows": rows}
     out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    png = plot(rows, out.with_suffix(".png"), f"next-action accuracy on {len(steps)} validation steps, "
-                                               f"{result['cpu']}")
+    png = plot_marks(rows, list(range(len(rows))), out.with_suffix(".png"),
+                     f"next-action accuracy on {len(steps)} validation steps, {result['cpu']}", "actor",
+                     ticklabels=[r["label"] for r in rows], width=max(5, 1.2 * len(rows) + 2))
     with tracking.start_run(bench_dir, f"next-action {Path(run_dir).name if run_dir else 'models'}",
                             experiment="webrl-bench", config=settings.model_dump(mode="json")):
         for i, r in enumerate(rows):
-            tracking.log_metrics({k: r[k] for k in KEYS}, step=i)
+            tracking.log_metrics({k: r[k] for k in MARKS}, step=i)
         tracking.log_artifact(png, "next-action")
         tracking.log_artifact(out.with_suffix(".json"), "next-action")
     _print(result)
     return rows
-
-
-def plot(rows: list[dict], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(5, 1.2 * len(rows) + 2), 4))
-    xs = range(len(rows))
-    for key in KEYS:
-        ax.plot(xs, [r[key] for r in rows], marker="o", label=key)
-    ax.set_xticks(list(xs), [r["label"] for r in rows], fontsize=8, rotation=20)
-    ax.set_ylabel("share of validation steps")
-    ax.set_ylim(0, 1)
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _print(result: dict) -> None:

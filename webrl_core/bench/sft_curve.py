@@ -36,6 +36,8 @@ from transformers import TrainerCallback
 from webrl_core.env.actions import ActionParseError, parse_action
 
 TYPED = ("Type", "Search", "Select Dropdown Option")
+MARKS = ("exact", "element", "typed_args", "well_formed")
+"""A step's marks (module docstring), in the order tables and plots show them."""
 
 
 def oracle_steps(store, episode_ids: list[str]) -> list[dict]:
@@ -94,7 +96,7 @@ def score(response: str, oracle: str) -> dict[str, bool | None]:
 
 def summarise(marks: list[dict]) -> dict[str, float]:
     out = {}
-    for key in ("exact", "element", "typed_args", "well_formed"):
+    for key in MARKS:
         vals = [m[key] for m in marks if m[key] is not None]
         out[key] = round(sum(vals) / len(vals), 4) if vals else float("nan")
         out[f"{key}_n"] = len(vals)
@@ -159,15 +161,24 @@ class NextActionCurve(TrainerCallback):
 
 
 def plot(points: list[dict], path: Path, title: str) -> Path:
+    """The curve: each mark against the training pairs seen."""
+    return plot_marks(points, [p["pairs"] for p in points], path, title, "training pairs seen")
+
+
+def plot_marks(rows: list[dict], xs: list, path: Path, title: str, xlabel: str,
+               ticklabels: list[str] | None = None, width: float = 7) -> Path:
+    """One line per mark (``MARKS``) over ``rows`` placed at ``xs``; ``ticklabels`` names categorical xs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key in ("exact", "element", "typed_args", "well_formed"):
-        ax.plot([p["pairs"] for p in points], [p[key] for p in points], marker="o", label=key)
-    ax.set_xlabel("training pairs seen")
+    fig, ax = plt.subplots(figsize=(width, 4))
+    for key in MARKS:
+        ax.plot(xs, [r[key] for r in rows], marker="o", label=key)
+    if ticklabels is not None:
+        ax.set_xticks(list(xs), ticklabels, fontsize=8, rotation=20)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("share of validation steps")
     ax.set_ylim(0, 1)
     ax.set_title(title, fontsize=9)
@@ -246,7 +257,7 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
         confirmed = confirm(settings, run_dir, actor_dir, demo_intents, val_rollouts) if val_rollouts else {}
         tracking.log_metrics({k: v for k, v in confirmed.items()})
         for p in curve.points:
-            tracking.log_metrics({k: p[k] for k in ("exact", "element", "typed_args", "well_formed", "tokens")},
+            tracking.log_metrics({k: p[k] for k in (*MARKS, "tokens")},
                                  step=p["pairs"])
         png = plot(curve.points, out.with_suffix(".png"),
                    f"{label or fmt.key}: lr {settings.bootstrap.sft_lr:g}, {head['cpu']}")

@@ -133,6 +133,30 @@ def bench_next_action(run: Optional[str] = typer.Option(None, help="run dir: eve
               val_steps=val_steps, out=out)
 
 
+@app.command("temperature")
+def bench_temperature(model: Optional[str] = typer.Option(None, help="actor checkpoint folder to sweep"),
+                      run: Optional[str] = typer.Option(None, help="run dir: sweep its SFT actor (models/phase=0/actor)"),
+                      temperatures: str = typer.Option("0,0.3,0.5,0.7,1.0", help="comma-separated temperatures"),
+                      samples: int = typer.Option(1, help="rollouts per task and temperature (>= 2: tasks solved "
+                                                            "sometimes)"),
+                      config: str = typer.Option("demo", help="config whose env/prompt/models/policy settings are used"),
+                      demos: int = typer.Option(300, help="the demonstrations whose intents validation avoids"),
+                      val_tasks: int = typer.Option(30, help="validation tasks of the training pool"),
+                      run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
+                      out: str = typer.Option("runs/bench-sft/temperature", help="writes OUT.json and OUT.png")):
+    """Task success of an actor on validation tasks of the training pool at each sampling temperature: the
+    training rollouts' temperature (policy.temperature) chosen by measurement."""
+    from webrl_core.bench.temperature import run as run_bench
+    from webrl_core.config import load_config
+
+    try:
+        temps = [float(t) for t in temperatures.split(",") if t.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--temperatures must be comma-separated numbers, got {temperatures!r}")
+    run_bench(load_config(config, sets=set_), model, run, run_dir, demos=demos, val_tasks=val_tasks,
+              temperatures=temps, samples=samples, out=out)
+
+
 @app.command("copy-export")
 def bench_copy_export(config: str = typer.Option("demo", help="config whose bootstrap/models settings are used"),
                       demos: int = DEMOS, val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR,

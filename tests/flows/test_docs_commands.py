@@ -99,6 +99,7 @@ COVERED: dict[str, str] = {
     "webrl bench sft": "tests/bench/test_bench_sft.py::test_bench_sft_measures_on_validation_tasks_unlike_the_demos",
     "webrl bench sft-curve": "tests/bench/test_bench_sft_curve.py::test_curve_of_a_pretrained_sft_on_validation_steps",
     "webrl bench next-action": "tests/bench/test_bench_next_action.py::test_each_phase_and_a_named_model_on_the_same_steps",
+    "webrl bench temperature": "tests/bench/test_bench_temperature.py::test_sweep_keys_episodes_by_temperature_and_reuses_them",
     "webrl bench copy-export": "tests/bench/test_bench_copy.py::test_bench_copy_exports_a_folder_and_checks_each_size",
     "webrl bench copy": "tests/bench/test_bench_copy.py::test_bench_copy_exports_a_folder_and_checks_each_size",
     "webrl bench faults": "tests/flows/test_faults.py::test_kill_during_critic_training_resumes_from_the_cache_with_the_same_outputs",

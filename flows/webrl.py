@@ -74,6 +74,11 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
                 random_rollouts = rollout(run, 0, "random", random_tasks, None, 1.0)
                 run(T.label_with_env, random_rollouts)
                 labelled.append(random_rollouts)
+            if boot.early_exit_tasks:  # the first demonstrated tasks again, by the oracle that quits early
+                early_tasks = run(T.train_pool, boot.early_exit_tasks, 1, "early_exit_tasks")
+                early_rollouts = rollout(run, 0, "early-exit", early_tasks, None, 0.0)
+                metrics["early_exit_success_rate"] = run(T.label_with_env, early_rollouts)["success_rate"]
+                labelled.append(early_rollouts)
             orm, orm_metrics = run(T.train_orm, labelled, actor)
             metrics.update(orm_metrics)
         critic = run(T.init_critic, actor)

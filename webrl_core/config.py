@@ -411,6 +411,11 @@ class BootstrapConfig(Section):
     demo_tasks: int = Field(400, ge=1, description="training tasks the oracle demonstrates (embedded SFT data)")
     rollout_tasks: int = Field(120, ge=1, description="training tasks the SFT actor rolls out (ORM data, first failures)")
     random_tasks: int = Field(40, ge=0, description="training tasks a random policy rolls out (ORM negatives)")
+    early_exit_tasks: int = Field(
+        0, ge=0, description="training tasks the early-exit oracle rolls out (webrl_core.sites.oracle."
+        "EarlyExitOraclePolicy: the oracle that writes exit(message=\"Done\") instead of its action with "
+        "probability 0.35 per step), labelled by the sites' evaluators: ORM examples that look like demonstrations "
+        "but stop short")
     sft_actor: str | None = Field(None, description="existing SFT actor HF folder (real models): skips oracle SFT")
     sft_data: str | None = Field(
         None, description="demonstrations to fine-tune models.actor on in phase 0: a LLaMA-Factory ShareGPT JSON "

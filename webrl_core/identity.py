@@ -33,7 +33,7 @@ ENV_BEHAVIOUR_FIELDS = ("max_steps", "parse_failure_limit", "repeat_action_limit
                         "settle_timeout_ms", "action_timeout_ms", "type_replaces", "block_other_hosts",
                         "viewport_only", "viewport_width", "viewport_height")
 SAMPLING_FIELDS = ("top_p", "max_new_tokens")
-SCRIPTED_POLICIES = ("oracle", "random")
+SCRIPTED_POLICIES = ("oracle", "random", "early-exit")
 
 
 def digest(obj: Any, n: int = 64) -> str:

@@ -41,6 +41,10 @@ def test_bootstrap_and_phase_write_store_models_and_mlflow(smoke_run):
         by.setdefault((e["phase"], e["purpose"]), []).append(e)
     assert len(by[(0, "eval")]) == 6 and len(by[(1, "eval")]) == 6  # the stratified test subset, twice
     assert all(e["success"] for e in by[(0, "oracle")])  # the oracle demos are labelled by the sites
+    early = by[(0, "early-exit")]  # the oracle that quits: the first demonstrated tasks again, judged by the sites
+    assert len(early) == 4 and {e["policy_digest"] for e in early} == {"oracle-early-exit:s0:p0.35"}
+    assert {e["task_id"] for e in early} <= {e["task_id"] for e in by[(0, "oracle")]}
+    assert all(e["env_score"] in (0.0, 1.0) for e in early)
     assert len(by[(1, "rollout")]) >= 1
     assert all(e["orm_score"] is not None for e in by[(1, "rollout")])  # ORM-labelled
     for name in ("actor", "critic"):

@@ -4,7 +4,8 @@ Algorithm 1 of the WebRL paper: phase k's rollouts come from the actor of phase 
 actor); evaluation uses the phase's output actor at the evaluation temperature. The policy's identity is
 ``hf:<checkpoint sha256>`` (in-process), ``<engine>:<served name>@hf:<checkpoint sha256>`` (an actor checkpoint
 served by ``webrl_core.agent.serving``), ``openai:<model>@<served digest>`` (an endpoint without an actor checkpoint, e.g.
-a hosted model evaluated on its own), ``oracle`` or ``random:s<seed>``.
+a hosted model evaluated on its own), ``oracle``, ``random:s<seed>`` or ``oracle-early-exit:s<seed>:p<p>``
+(the oracle that quits early).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, served_model_digest
 from webrl_core.runs.rundir import model_ref
 from webrl_core.agent.serving import Endpoint, served_policy_digest
 from webrl_core.prompts import prompt_format
-from webrl_core.sites.oracle import OraclePolicy
+from webrl_core.sites.oracle import EarlyExitOraclePolicy, OraclePolicy
 
 
 def backend_for(settings: Any, purpose: str) -> str:
@@ -35,6 +36,8 @@ def policy_digest_for(settings: Any, actor_ref: ArtifactRef | None, purpose: str
         return "oracle"
     if backend == "random":
         return f"random:s{settings.run.seed}"
+    if backend == "early-exit":
+        return EarlyExitOraclePolicy(seed=settings.run.seed).policy_id
     if backend == "openai":
         if actor_ref is not None:  # the checkpoint, served for the stage (or by an endpoint that vouches for it)
             return served_policy_digest(settings.serving.engine, served_name(settings), actor_ref)
@@ -107,6 +110,8 @@ def make_policy(settings: Any, actor_ref: ArtifactRef | None, temperature: float
         return OraclePolicy()
     if backend == "random":
         return RandomPolicy(seed=settings.run.seed)
+    if backend == "early-exit":
+        return EarlyExitOraclePolicy(seed=settings.run.seed)
     if backend == "openai":
         if actor_ref is not None and endpoint is None:
             raise ValueError(f"policy.backend=openai with the actor checkpoint {actor_ref.path}: the {purpose!r} "

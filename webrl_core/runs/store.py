@@ -80,7 +80,7 @@ SCHEMAS: dict[str, pa.Schema] = {
 COLUMN_DOCS = {
     "tasks": "task_id, phase that created it, first site, sites (JSON list), intent, start_url (placeholders), eval spec "
              "JSON, origin seed|generated|test|train, parent task id (generation), family (embedded), full config JSON",
-    "episodes": "episode id, task id, phase, policy/model id, purpose rollout|eval|oracle|bootstrap, status "
+    "episodes": "episode id, task id, phase, policy/model id, purpose rollout|eval|oracle|bootstrap|random|early-exit, status "
                 "done|early_stop|max_steps|error, final answer, env score (empty after an error, or unscored: the task needed an "
                 "LLM judge and eval.judge was empty), ORM score, success, step count, timings, error, "
                 "intent, site, seed, task content digest, policy identity (hf:<checkpoint sha256>, openai:<model>@<served "

@@ -38,7 +38,7 @@ class EarlyExitOraclePolicy(OraclePolicy):
     Its episodes look like demonstrations up to the point where they stop, and the sites' evaluators label them
     like any other: quitting before the goal page, or answering a question with "Done", fails; quitting on the
     goal page of a navigation task succeeds. They are the ORM's hard examples (``bootstrap.early_exit_tasks``):
-    the SmolLM2 actor's commonest failure is exactly this exit (8 of phase 1's 12 failed episodes in the demo),
+    the SmolLM2 actor's commonest failure is exactly this exit (9 of phase 1's 12 failed episodes in the demo),
     and without such examples an ORM whose YES class is the oracle's learns who acted rather than what was done."""
 
     def __init__(self, seed: int = 0, p_exit: float = 0.35) -> None:

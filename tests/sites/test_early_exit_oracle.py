@@ -33,7 +33,7 @@ def test_quits_early_reproducibly_and_the_evaluators_judge_it(sites):
         acts = [s["response"] for s in e["steps"]]
         # the same steps as the demonstration until it quits with "Done"
         assert acts[:-1] == demo[:len(acts) - 1] and len(acts) <= len(demo)
-        if len(acts) < len(demo) or acts != demo:
+        if acts != demo:
             shorter += 1
             assert acts[-1] == 'exit(message="Done")'
         assert e["env_score"] in (0.0, 1.0)

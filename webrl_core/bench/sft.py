@@ -29,6 +29,12 @@ VAL_SEED_OFFSET = 7  # the demonstrations use the bootstrap's offset 1; a differ
 ARGUMENT = re.compile(r'argument\s*=\s*"([^"]*)"')
 
 
+def demo_tasks(settings, run_dir: str, demos: int) -> ArtifactRef:
+    """The ``demos`` training tasks the bench's oracle demonstrates (the bootstrap's, same seed offset); validation
+    tasks avoid their intents."""
+    return task_sets.train_task_pool(settings, run_dir, demos, 1, f"bench_sft_demos_{demos}")
+
+
 def validation_tasks(settings, run_dir: str, n: int, exclude_intents: set[str]) -> ArtifactRef:
     """n training-pool tasks whose intents are not in ``exclude_intents`` (the demonstrations')."""
     pool = train_tasks(4 * n + len(exclude_intents), seed=settings.run.seed * 1000 + VAL_SEED_OFFSET,
@@ -54,7 +60,7 @@ def action_diagnostics(store: TrajectoryStore, episode_ids: list[str]) -> dict:
 
 def run(settings, run_dir: str | Path, demos: int, val_tasks: int, out: str | None = None) -> dict:
     run_dir = str(run_dir)
-    demo_ref = task_sets.train_task_pool(settings, run_dir, demos, 1, f"bench_sft_demos_{demos}")
+    demo_ref = demo_tasks(settings, run_dir, demos)
     t0 = time.perf_counter()
     demo_roll = experience.rollout(settings, run_dir, 0, "oracle", demo_ref, None, 0.0)
     collect_s = time.perf_counter() - t0

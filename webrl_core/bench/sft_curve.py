@@ -62,11 +62,11 @@ def collect(settings, run_dir: str, demos: int, val_tasks: int) -> tuple[list[di
     """Oracle demonstrations' and validation tasks' steps (stored in ``run_dir`` and reused by later calls), and the
     demonstrated intents (validation tasks never repeat one)."""
     from webrl_core.artifacts import read_json
-    from webrl_core.bench.sft import validation_tasks
-    from webrl_core.pipeline import experience, task_sets
+    from webrl_core.bench.sft import demo_tasks, validation_tasks
+    from webrl_core.pipeline import experience
     from webrl_core.runs.store import TrajectoryStore
 
-    demo_ref = task_sets.train_task_pool(settings, run_dir, demos, 1, f"bench_sft_demos_{demos}")
+    demo_ref = demo_tasks(settings, run_dir, demos)
     demo_roll = experience.rollout(settings, run_dir, 0, "oracle", demo_ref, None, 0.0)
     demo_intents = {t["intent"] for t in read_json(demo_ref)}
     val_ref = validation_tasks(settings, run_dir, val_tasks, demo_intents)

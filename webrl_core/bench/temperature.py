@@ -25,13 +25,12 @@ from pathlib import Path
 
 def sweep(settings, bench_dir: str, actor_dir: Path, temperatures: list[float], val_ref, samples: int) -> list[dict]:
     """One row per temperature: solved, episodes, solve rate and its standard error, tasks solved sometimes."""
-    from webrl_core.artifacts import ArtifactRef, read_json
+    from webrl_core.artifacts import ArtifactRef, read_json, write_json
     from webrl_core.pipeline import experience
     from webrl_core.runs.store import TrajectoryStore
 
     tasks = read_json(val_ref)
     if samples > 1:  # duplicates of a task are its samples (attempt numbers, env.rollout.default_attempts)
-        from webrl_core.artifacts import write_json
         tasks = [t for t in tasks for _ in range(samples)]
         val_ref = write_json(tasks, Path(bench_dir) / "tasks" / f"bench_temperature_{len(tasks)}x.json")
     actor = ArtifactRef.of(actor_dir, "model")
@@ -83,10 +82,9 @@ def run(settings, actor: str | None, run_dir: str | None, bench_dir: str, demos:
     """Sweep the actor (``actor`` folder, or ``run_dir``'s phase-0 actor); write OUT.json, OUT.png, an MLflow
     run in the bench dir; print the table."""
     from webrl_core.artifacts import read_json
-    from webrl_core.bench.sft import validation_tasks
+    from webrl_core.bench.sft import demo_tasks, validation_tasks
     from webrl_core.errors import MissingInput
     from webrl_core.hardware import cpu_summary
-    from webrl_core.pipeline import task_sets
     from webrl_core.runs import tracking
 
     if not temperatures or any(t < 0 for t in temperatures):
@@ -97,8 +95,8 @@ def run(settings, actor: str | None, run_dir: str | None, bench_dir: str, demos:
     if not (actor_dir / "config.json").is_file():
         raise MissingInput(f"bench temperature: {actor_dir} is not a Hugging Face model folder (no config.json); "
                            "name a checkpoint (--model) or a run whose SFT actor is published (--run)")
-    demo_ref = task_sets.train_task_pool(settings, bench_dir, demos, 1, f"bench_sft_demos_{demos}")
-    val_ref = validation_tasks(settings, bench_dir, val_tasks, {t["intent"] for t in read_json(demo_ref)})
+    demo_intents = {t["intent"] for t in read_json(demo_tasks(settings, bench_dir, demos))}
+    val_ref = validation_tasks(settings, bench_dir, val_tasks, demo_intents)
     rows = sweep(settings, bench_dir, actor_dir, temperatures, val_ref, samples)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

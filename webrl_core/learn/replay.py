@@ -104,6 +104,11 @@ def first_success_per_intent(rows: Sequence[dict]) -> list[dict]:
                                                                              r["idx"]))
 
 
+def replay_cap(cap_ratio: float, n_current_steps: int) -> int:
+    """floor(cap_ratio x n_current_steps): at most this many replayed steps (1e-9: a product a hair under an integer, 0.7 x 10)."""
+    return int(math.floor(cap_ratio * n_current_steps + 1e-9))
+
+
 def select_replay(rows: Sequence[dict], scores: Sequence[float], n_current_steps: int, low: float = 0.5,
                   high: float = 0.95, cap_ratio: float = 2.0, seed: int = 0) -> list[dict]:
     """Window low < score <= high, then shuffle with ``seed`` and cap at floor(cap_ratio x n_current_steps).
@@ -112,7 +117,7 @@ def select_replay(rows: Sequence[dict], scores: Sequence[float], n_current_steps
         raise ValueError(f"select_replay: {len(rows)} rows but {len(scores)} scores")
     kept = [{**r, "rank_score": float(s)} for r, s in zip(rows, scores) if low < s <= high]
     random.Random(seed).shuffle(kept)
-    return kept[:int(math.floor(cap_ratio * n_current_steps + 1e-9))]
+    return kept[:replay_cap(cap_ratio, n_current_steps)]
 
 
 def score_replay(candidates: Sequence[dict], model, tok, n_current_steps: int, low: float = 0.5, high: float = 0.95,
@@ -124,7 +129,7 @@ def score_replay(candidates: Sequence[dict], model, tok, n_current_steps: int, l
     if scoring not in ("all", "until_cap"):
         raise ValueError(f"replay.scoring must be 'all' or 'until_cap', got {scoring!r}")
     unique = first_success_per_intent(candidates)
-    cap = int(math.floor(cap_ratio * n_current_steps + 1e-9))
+    cap = replay_cap(cap_ratio, n_current_steps)
     if scoring == "all":
         scores = inverse_perplexity(model, tok, [(r["prompt"], r["response"]) for r in unique], max_length,
                                     batch_size, progress) if unique else []

@@ -37,8 +37,11 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
     with open_run(config, overrides, run_dir, "bootstrap", "webrl-bootstrap") as run:
         boot, metrics = run.settings.bootstrap, {}
         test_set = run(T.test_set)
-        if boot.sft_actor or boot.sft_data:  # a real model: SFT from demonstrations, or an SFT checkpoint as is
-            s = run.settings
+        s = run.settings
+        # an SFT checkpoint on the embedded sites without seed tasks (say one `webrl bench sft-curve` trained) takes
+        # the SFT stage's place in the embedded bootstrap below; demonstrations, rollouts, ORM and critic still run
+        adopt_embedded = bool(boot.sft_actor and not s.curriculum.seed_tasks and s.eval.test_set == "embedded")
+        if boot.sft_data or (boot.sft_actor and not adopt_embedded):  # a real model: SFT data or a checkpoint as is
             if boot.sft_data:
                 actor, sft_metrics = run(T.sft_from_data, ArtifactRef.of(s.models.actor, "model"),
                                          ArtifactRef.of(boot.sft_data))
@@ -59,12 +62,15 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
             demo_tasks = run(T.train_pool, boot.demo_tasks, 1, "demo_tasks")
             demos = rollout(run, 0, "oracle", demo_tasks, None, 0.0)
             metrics["oracle_success_rate"] = run(T.label_with_env, demos)["success_rate"]
-            if run.settings.models.actor:  # a pretrained LLM (the default: SmolLM2-135M-Instruct) is fine-tuned
-                init = ArtifactRef.of(run.settings.models.actor, "model")
-            else:  # from scratch: a tokenizer of the run's own corpus and a small random model
-                init = run(T.init_embedded_actor, run(T.build_tokenizer, demos))
-            actor, sft_metrics = run(T.sft_actor, init, demos)
-            metrics.update({f"sft_{k}": v for k, v in sft_metrics.items()})
+            if adopt_embedded:
+                actor = run(T.adopt_actor, ArtifactRef.of(boot.sft_actor, "model"))
+            else:
+                if s.models.actor:  # a pretrained LLM (the default: SmolLM2-135M-Instruct) is fine-tuned
+                    init = ArtifactRef.of(s.models.actor, "model")
+                else:  # from scratch: a tokenizer of the run's own corpus and a small random model
+                    init = run(T.init_embedded_actor, run(T.build_tokenizer, demos))
+                actor, sft_metrics = run(T.sft_actor, init, demos)
+                metrics.update({f"sft_{k}": v for k, v in sft_metrics.items()})
             sft_tasks = run(T.train_pool, boot.rollout_tasks, 2, "sft_rollout_tasks")
             sft_rollouts = rollout(run, 0, "bootstrap", sft_tasks, actor, run.settings.policy.temperature)
             metrics["sft_rollout_success_rate"] = run(T.label_with_env, sft_rollouts)["success_rate"]

@@ -416,7 +416,11 @@ class BootstrapConfig(Section):
         "EarlyExitOraclePolicy: the oracle that writes exit(message=\"Done\") instead of its action with "
         "probability 0.35 per step), labelled by the sites' evaluators: ORM examples that look like demonstrations "
         "but stop short")
-    sft_actor: str | None = Field(None, description="existing SFT actor HF folder (real models): skips oracle SFT")
+    sft_actor: str | None = Field(
+        None, description="an existing SFT actor (HF folder or model name) as the phase-0 actor, no SFT trained. With "
+        "curriculum.seed_tasks (real models) it is the whole bootstrap but the critic; on the embedded sites without "
+        "seed tasks it takes only the SFT stage's place (say a `webrl bench sft-curve` checkpoint): demonstrations, "
+        "SFT-actor rollouts, ORM and critic run as usual")
     sft_data: str | None = Field(
         None, description="demonstrations to fine-tune models.actor on in phase 0: a LLaMA-Factory ShareGPT JSON "
         "(`conversations`: human = the full WebRL prompt, gpt = the action; the official SFT format) or a folder of "

@@ -38,10 +38,7 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
         boot, metrics = run.settings.bootstrap, {}
         test_set = run(T.test_set)
         s = run.settings
-        # an SFT checkpoint on the embedded sites without seed tasks (say one `webrl bench sft-curve` trained) takes
-        # the SFT stage's place in the embedded bootstrap below; demonstrations, rollouts, ORM and critic still run
-        adopt_embedded = bool(boot.sft_actor and not s.curriculum.seed_tasks and s.eval.test_set == "embedded")
-        if boot.sft_data or (boot.sft_actor and not adopt_embedded):  # a real model: SFT data or a checkpoint as is
+        if s.bootstrap_from_checkpoints():  # a real model: SFT on its data, or an SFT checkpoint as is
             if boot.sft_data:
                 actor, sft_metrics = run(T.sft_from_data, ArtifactRef.of(s.models.actor, "model"),
                                          ArtifactRef.of(boot.sft_data))
@@ -62,7 +59,7 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
             demo_tasks = run(T.train_pool, boot.demo_tasks, 1, "demo_tasks")
             demos = rollout(run, 0, "oracle", demo_tasks, None, 0.0)
             metrics["oracle_success_rate"] = run(T.label_with_env, demos)["success_rate"]
-            if adopt_embedded:
+            if boot.sft_actor:  # a checkpoint (say one `webrl bench sft-curve` trained) in the SFT stage's place
                 actor = run(T.adopt_actor, ArtifactRef.of(boot.sft_actor, "model"))
             else:
                 if s.models.actor:  # a pretrained LLM (the default: SmolLM2-135M-Instruct) is fine-tuned

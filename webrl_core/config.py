@@ -584,6 +584,13 @@ class WebRLSettings(Section):
     def run_dir(self) -> Path:
         return Path(self.run.root) / self.run.name
 
+    def bootstrap_from_checkpoints(self) -> bool:
+        """Phase 0 of a real model: SFT on ``bootstrap.sft_data``, or ``bootstrap.sft_actor`` with its seed tasks
+        (or off the embedded sites), the ORM named by ``models.orm``. Otherwise the embedded bootstrap runs, with
+        ``bootstrap.sft_actor`` (when set) in its SFT stage's place."""
+        b = self.bootstrap
+        return bool(b.sft_data or (b.sft_actor and (self.curriculum.seed_tasks or self.sites.mode != "embedded")))
+
 
 def _deprecated(message: str) -> None:
     warnings.warn(message, DeprecationWarning, stacklevel=3)

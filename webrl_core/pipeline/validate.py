@@ -313,7 +313,7 @@ def check_real_path(settings: WebRLSettings, flow: str) -> None:
     if boot.sft_data and not models.actor:
         raise BadInputError("bootstrap.sft_data is set: models.actor must name the base model's HF folder to "
                             "fine-tune on it")
-    if (boot.sft_data or boot.sft_actor) and not models.orm and flow in ("bootstrap", "phase", "train"):
+    if settings.bootstrap_from_checkpoints() and not models.orm and flow in ("bootstrap", "phase", "train"):
         raise BadInputError("a real model's phase 0 (bootstrap.sft_data / bootstrap.sft_actor) trains no ORM: "
                             "models.orm must name the ORM's HF folder")
     sv = settings.serving

@@ -143,3 +143,21 @@ def test_curriculum_api_key_env_follows_a_custom_policy_one_for_a_release():
                                 "curriculum.api_key_env=GEN_KEY"])
         assert own.curriculum.api_key_env == "GEN_KEY"
         assert load_config(sets=["policy.api_key_env=MY_KEY"]).curriculum.api_key_env == "OPENAI_API_KEY"
+
+
+def test_an_sft_checkpoint_replaces_the_whole_bootstrap_only_with_seed_tasks_or_off_the_embedded_sites(tmp_path):
+    from webrl_core.pipeline.validate import BadInputError, check_real_path
+
+    ckpt = tmp_path / "sft"
+    ckpt.mkdir()
+    seeds = tmp_path / "seeds.json"
+    seeds.write_text("[]")
+    embedded = load_config("smoke", sets=[f"bootstrap.sft_actor={ckpt}"])
+    assert not embedded.bootstrap_from_checkpoints()  # the embedded bootstrap, the checkpoint in the SFT's place
+    check_real_path(embedded, "train")  # it trains its own ORM: models.orm is not needed
+    with_seeds = load_config("smoke", sets=[f"bootstrap.sft_actor={ckpt}", f"curriculum.seed_tasks={seeds}"])
+    assert with_seeds.bootstrap_from_checkpoints()
+    with pytest.raises(BadInputError, match="models.orm must name"):
+        check_real_path(with_seeds, "train")
+    assert load_config("smoke", sets=[f"bootstrap.sft_data={seeds}"]).bootstrap_from_checkpoints()
+    assert not load_config("smoke").bootstrap_from_checkpoints()

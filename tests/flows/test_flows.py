@@ -239,3 +239,29 @@ def test_a_deployment_run_of_a_finished_phase_comes_from_the_cache(smoke_run, tm
     assert _written(run) == before
     assert not (elsewhere / "runs" / "smoke").exists()
     assert wall <= 60, f"{wall:.0f} s"
+
+
+def test_an_sft_checkpoint_takes_the_sft_stage_place_on_the_embedded_sites(smoke_run, tmp_path):
+    """`bootstrap.sft_actor` without seed tasks on the embedded sites (a checkpoint `webrl bench sft-curve` trained,
+    say): no SFT trains, the checkpoint is the phase-0 actor, and the rest of the embedded bootstrap runs from it."""
+    from webrl_core.artifacts import sha256_path
+
+    root, cfg, run = smoke_run
+    checkpoint = (run / "models" / "phase=1" / "actor").resolve()  # not what this bootstrap's SFT would give
+    adopted = tmp_path / "adopted"
+    webrl(root, "bootstrap", "--config", str(cfg), "--run-dir", str(adopted), "--set",
+          f"bootstrap.sft_actor={checkpoint}")
+    states = task_states("webrl-bootstrap")
+    assert not [n for n in states if n.startswith("sft-actor")], states
+    assert [n for n in states if n.startswith("adopt-actor")] and [n for n in states if n.startswith("train-orm")]
+    digest = sha256_path(checkpoint)
+    assert sha256_path(adopted / "models" / "phase=0" / "actor") == digest
+    by = {}
+    for e in TrajectoryStore(adopted).episodes():
+        by.setdefault((e["phase"], e["purpose"]), []).append(e)
+    assert by[(0, "oracle")] and {e["policy_digest"] for e in by[(0, "bootstrap")]} == {f"hf:{digest}"}
+    assert {e["policy_digest"] for e in by[(0, "eval")]} == {f"hf:{digest}"}
+    assert (adopted / "models" / "phase=0" / "orm" / "config.json").exists()
+    assert (adopted / "models" / "phase=0" / "critic").exists()
+    report = json.loads((adopted / "reports" / "phase=0.json").read_text())
+    assert "sft_train_s" not in report and "sft_rollout_success_rate" in report

@@ -24,12 +24,13 @@ def test_marks_compare_the_action_not_the_comment():
 
 
 def test_curve_of_a_pretrained_sft_on_validation_steps(tmp_path):
-    """Three demonstrations, two validation tasks: points at step 0, every step and the end, each scored on the
-    validation steps in the chat/compact format, written as they are measured; the prompts fit the budget; the
-    trained actor is confirmed by a greedy rollout on a validation task."""
+    """Two demonstrations seen twice, entity-swapped, two validation tasks: points at step 0, every 2 steps and the
+    end, each scored on the validation steps in the chat/compact format, written as they are measured; the prompts
+    fit the budget; the trained actor is confirmed by a greedy rollout on a validation task."""
     out = tmp_path / "curve"
     sets = ["models.actor=smollm2-135m-instruct", "models.train_layers=1", "models.max_length=640",
-            "prompt.style=chat", "prompt.observation=compact", "bootstrap.sft_epochs=1", "actor.batch_size=2",
+            "prompt.style=chat", "prompt.observation=compact", "bootstrap.sft_epochs=2", "actor.batch_size=2",
+            "bootstrap.sft_entity_swap=1.0",  # two entity-swapped passes, as the bootstrap's SFT makes them
             "policy.max_new_tokens=24"]
     res = CliRunner().invoke(app, ["bench", "sft-curve", "--config", "smoke", "--demos", "2", "--val-tasks", "2",
                                    "--val-steps", "3", "--every", "2", "--val-rollouts", "1", "--run-dir", str(tmp_path / "run"),
@@ -40,6 +41,7 @@ def test_curve_of_a_pretrained_sft_on_validation_steps(tmp_path):
     assert points == r["points"] and points[0]["step"] == 0 and points[0]["pairs"] == 0
     assert [p["step"] for p in points[1:-1]] == list(range(2, points[-1]["step"], 2))
     assert points[-1]["tokens"] > 0 and points[-1]["tokens_per_s"] > 0
+    assert r["entity_swap"] == 1.0 and points[-1]["epochs"] == 2.0  # epochs over the demonstrations' pairs
     for p in points:
         assert all(0 <= p[k] <= 1 for k in ("exact", "well_formed")) and p["exact_n"] == 3
     assert r["prompt_format"].startswith("webrl/chat/compact/") and r["max_prompt_tokens"] <= 640

@@ -7,7 +7,8 @@ held-out test set; ``bench.sft.validation_tasks``). Both are stored in the bench
 keeps its ingredients (intent, past responses, page HTML, oracle response), so the prompts are rendered in the
 configured ``prompt.*`` format (``prompts.prompt_format``) at every call: layouts compare on the same steps.
 
-Training is ``training.sft_train`` itself (``bootstrap.sft_*``, ``models.*``, LoRA), with a callback that, every
+Training is ``training.sft_train`` itself (``bootstrap.sft_*`` including the entity-swapped passes of
+``sft_entity_swap``, ``models.*``, LoRA), with a callback that, every
 ``every`` optimizer steps and at the start and the end, generates greedily for the validation steps with the
 model being trained and scores each response against the oracle's action (parsed with ``env.actions``):
 
@@ -108,9 +109,11 @@ class NextActionCurve(TrainerCallback):
     end); each point is appended to ``jsonl`` as it is measured."""
 
     def __init__(self, prompts: list[str], actions: list[str], settings, every: int, jsonl: Path,
-                 pair_tokens: list[int], pairs_per_step: int) -> None:
+                 pair_tokens: list[int], pairs_per_step: int, distinct_pairs: int | None = None) -> None:
         self.prompts, self.actions, self.settings, self.every = prompts, actions, settings, every
         self.jsonl, self.pair_tokens, self.pairs_per_step = jsonl, pair_tokens, pairs_per_step
+        # epochs count passes over the demonstrations' pairs: entity-swapped passes are copies of them
+        self.distinct_pairs = distinct_pairs or len(pair_tokens)
         self.points: list[dict] = []
         self.train_s = 0.0
         self._t = None
@@ -132,7 +135,7 @@ class NextActionCurve(TrainerCallback):
         marks = [score(r, a) for r, a in zip(responses, self.actions)]
         pairs = step * self.pairs_per_step
         seen = sum(self.pair_tokens[i % len(self.pair_tokens)] for i in range(pairs))
-        point = {"step": step, "pairs": pairs, "epochs": round(pairs / len(self.pair_tokens), 3), "tokens": seen,
+        point = {"step": step, "pairs": pairs, "epochs": round(pairs / self.distinct_pairs, 3), "tokens": seen,
                  "train_s": round(self.train_s, 1),
                  "tokens_per_s": round(seen / self.train_s) if self.train_s else None,
                  "eval_s": round(time.perf_counter() - t0, 1), **summarise(marks),
@@ -214,8 +217,10 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
     from webrl_core.artifacts import ArtifactRef
     from webrl_core.hardware import cpu_summary
     from webrl_core.learn.models import encode_prompt_action, load_tokenizer
+    from webrl_core.learn.entity_swap import swapped_sft_passes
     from webrl_core.learn.training import actor_micro_batches, sft_train
     from webrl_core.prompts import build_prompt, prompt_format
+    from webrl_core.sites.data import entity_kinds
     from webrl_core.runs import tracking
 
     run_dir, out = str(run_dir), Path(out)
@@ -232,6 +237,9 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
 
     pairs = [(render(s), s["action"]) for s in train]
     random.Random(settings.run.seed).shuffle(pairs)
+    boot = settings.bootstrap  # entity-swapped passes exactly as the bootstrap's SFT makes them (sft_entity_swap)
+    kinds = entity_kinds(settings.sites.data_seed) if boot.sft_entity_swap > 0 else {}
+    pairs, epochs = swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap, seed=settings.run.seed)
     lengths = [len(encode_prompt_action(tok, p, a, settings.models.max_length)["input_ids"]) for p, a in pairs]
     prompt_tokens = [len(tok(render(s))["input_ids"]) for s in val]
     micro, accum = actor_micro_batches(settings)
@@ -239,12 +247,13 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
     jsonl = out.with_suffix(".jsonl")
     jsonl.unlink(missing_ok=True)
     curve = NextActionCurve([render(s) for s in val], [s["action"] for s in val], settings, every, jsonl,
-                            lengths, micro * accum)
+                            lengths, micro * accum, distinct_pairs=len(train))
     head = {"label": label, "cpu": cpu_summary(), "torch_threads": torch.get_num_threads(),
-            "prompt_format": fmt.key, "demos": demos, "train_pairs": len(pairs), "val_steps": len(val),
+            "prompt_format": fmt.key, "demos": demos, "train_pairs": len(train), "val_steps": len(val),
             "median_prompt_tokens": statistics.median(prompt_tokens), "max_prompt_tokens": max(prompt_tokens),
             "median_pair_tokens": statistics.median(lengths), "lr": settings.bootstrap.sft_lr,
-            "epochs": settings.bootstrap.sft_epochs, "train_layers": settings.models.train_layers,
+            "epochs": settings.bootstrap.sft_epochs, "entity_swap": boot.sft_entity_swap,
+            "train_layers": settings.models.train_layers,
             "lora": settings.models.lora.enabled, "dtype": settings.models.dtype, "batch": micro * accum}
     print(f"[sft-curve] {json.dumps(head)}", flush=True)
     with tracking.start_run(run_dir, f"sft-curve {label or fmt.key}", experiment="webrl-bench",
@@ -253,7 +262,7 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
         t0 = time.perf_counter()
         actor_dir = Path(run_dir) / "sft-curve" / (label or "actor")
         metrics = sft_train(pairs, ArtifactRef.of(settings.models.actor, "model").path, actor_dir, settings,
-                            callbacks=[curve])
+                            epochs=epochs, callbacks=[curve])
         confirmed = confirm(settings, run_dir, actor_dir, demo_intents, val_rollouts) if val_rollouts else {}
         tracking.log_metrics({k: v for k, v in confirmed.items()})
         for p in curve.points:

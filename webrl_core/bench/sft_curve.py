@@ -216,12 +216,12 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
 
     from webrl_core.artifacts import ArtifactRef
     from webrl_core.hardware import cpu_summary
-    from webrl_core.learn.models import encode_prompt_action, load_tokenizer
     from webrl_core.learn.entity_swap import swapped_sft_passes
+    from webrl_core.learn.models import encode_prompt_action, load_tokenizer
     from webrl_core.learn.training import actor_micro_batches, sft_train
     from webrl_core.prompts import build_prompt, prompt_format
-    from webrl_core.sites.data import entity_kinds
     from webrl_core.runs import tracking
+    from webrl_core.sites.data import entity_kinds
 
     run_dir, out = str(run_dir), Path(out)
     if not settings.models.actor:

@@ -216,12 +216,11 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
 
     from webrl_core.artifacts import ArtifactRef
     from webrl_core.hardware import cpu_summary
-    from webrl_core.learn.entity_swap import swapped_sft_passes
     from webrl_core.learn.models import encode_prompt_action, load_tokenizer
     from webrl_core.learn.training import actor_micro_batches, sft_train
+    from webrl_core.pipeline.bootstrap import sft_passes
     from webrl_core.prompts import build_prompt, prompt_format
     from webrl_core.runs import tracking
-    from webrl_core.sites.data import entity_kinds
 
     run_dir, out = str(run_dir), Path(out)
     if not settings.models.actor:
@@ -237,9 +236,7 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
 
     pairs = [(render(s), s["action"]) for s in train]
     random.Random(settings.run.seed).shuffle(pairs)
-    boot = settings.bootstrap  # entity-swapped passes exactly as the bootstrap's SFT makes them (sft_entity_swap)
-    kinds = entity_kinds(settings.sites.data_seed) if boot.sft_entity_swap > 0 else {}
-    pairs, epochs = swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap, seed=settings.run.seed)
+    pairs, epochs = sft_passes(settings, pairs)  # entity-swapped passes exactly as the bootstrap's SFT makes them
     lengths = [len(encode_prompt_action(tok, p, a, settings.models.max_length)["input_ids"]) for p, a in pairs]
     prompt_tokens = [len(tok(render(s))["input_ids"]) for s in val]
     micro, accum = actor_micro_batches(settings)
@@ -252,7 +249,7 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
             "prompt_format": fmt.key, "demos": demos, "train_pairs": len(train), "val_steps": len(val),
             "median_prompt_tokens": statistics.median(prompt_tokens), "max_prompt_tokens": max(prompt_tokens),
             "median_pair_tokens": statistics.median(lengths), "lr": settings.bootstrap.sft_lr,
-            "epochs": settings.bootstrap.sft_epochs, "entity_swap": boot.sft_entity_swap,
+            "epochs": settings.bootstrap.sft_epochs, "entity_swap": settings.bootstrap.sft_entity_swap,
             "train_layers": settings.models.train_layers,
             "lora": settings.models.lora.enabled, "dtype": settings.models.dtype, "batch": micro * accum}
     print(f"[sft-curve] {json.dumps(head)}", flush=True)

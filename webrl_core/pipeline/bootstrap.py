@@ -64,12 +64,18 @@ def sft_actor(settings, run_dir: str, init_ref: ArtifactRef, demos: dict) -> tup
              for s in by_ep.get(e["episode_id"], [])]
     out = Path(run_dir) / "models" / "phase=0" / "actor"
     real = versioned(out, output_key(settings, init_ref, json.dumps(demos["episode_ids"])))
-    boot = settings.bootstrap
-    kinds = entity_kinds(settings.sites.data_seed) if boot.sft_entity_swap > 0 else {}
-    pairs, epochs = swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap, seed=settings.run.seed)
+    pairs, epochs = sft_passes(settings, pairs)
     metrics = launch.sft_train(pairs, init_ref.path, real, settings, epochs=epochs)
     publish(out, real)
     return ArtifactRef.of(real, "model"), {"sft_pairs": len(pairs), **numeric(metrics)}
+
+
+def sft_passes(settings, pairs: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], float | None]:
+    """The bootstrap SFT's training data made from its (prompt, action) pairs: with ``bootstrap.sft_entity_swap``
+    its entity-swapped passes and the epochs to train over them, else the pairs as they are and None."""
+    boot = settings.bootstrap
+    kinds = entity_kinds(settings.sites.data_seed) if boot.sft_entity_swap > 0 else {}
+    return swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap, seed=settings.run.seed)
 
 
 @stage()

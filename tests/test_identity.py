@@ -39,6 +39,20 @@ def test_episode_id_changes_with_every_input_and_only_then():
     assert base not in changed and len(set(changed)) == len(changed)
 
 
+def test_action_seed_is_fixed_per_episode_and_step():
+    eid = "rollout-p1-t-a0-0123456789abcdef"
+    seeds = [identity.action_seed(eid, step) for step in range(20)]
+    assert seeds == [identity.action_seed(eid, step) for step in range(20)]
+    assert len(set(seeds)) == 20 and all(0 <= s < 1 << 63 for s in seeds)
+    assert identity.action_seed(eid[:-1] + "0", 0) != seeds[0]
+    with pytest.raises(ValueError, match="episode id"):
+        identity.action_seed("", 0)
+    # sampling with or without per-action seeds are different episodes; greedy decoding is the same either way
+    sampled, greedy = ([identity.settings_digest(EnvConfig(), temperature=t, policy_cfg=PolicyConfig(seeded=seeded))
+                        for seeded in (True, False)] for t in (1.0, 0.0))
+    assert sampled[0] != sampled[1] and greedy[0] == greedy[1]
+
+
 def test_throughput_settings_do_not_enter_the_key():
     assert identity.settings_digest(EnvConfig()) == identity.settings_digest(
         EnvConfig(n_envs=8, batch_wait_s=0.0, screenshots=True, episode_retries=3, chromium_path="/usr/bin/chromium"))

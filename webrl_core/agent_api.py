@@ -6,7 +6,8 @@ A policy is any object with an async batch method
 
 that returns one raw response (in the WebRL action grammar) per prompt. The rollout engine batches
 all environments that wait for an action into one call, so a GPU model or a vLLM server sees full
-batches. Model policies read only ``prompts``; scripted policies (oracle, random) read ``contexts``.
+batches. Model policies read ``prompts`` (and, when sampling, each context's ``episode_id`` and ``step``, which seed
+the action: ``identity.action_seed``); scripted policies (oracle, random) read ``contexts``.
 """
 
 from __future__ import annotations

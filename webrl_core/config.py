@@ -289,6 +289,11 @@ class PolicyConfig(Section):
     temperature: float = Field(1.0, ge=0, description="sampling temperature for training rollouts (paper: 1)")
     eval_temperature: float = Field(0.0, ge=0, description="sampling temperature for test-set evaluation (0 = greedy)")
     top_p: float = Field(0.9, gt=0, le=1, description="nucleus sampling mass")
+    seeded: bool = Field(
+        True, description="sample each action from its own random stream seeded from (episode id, step) "
+        "(identity.action_seed; sent to a served model as the OpenAI API's `seed`), so the same run seed repeats "
+        "the same episodes whichever requests share a batch, and an ablation's variants with one policy share "
+        "their experience. false: one global stream per batch (not reproducible)")
     max_new_tokens: int = Field(128, ge=1, description="tokens generated per action")
     batch_size: int = Field(16, ge=1, description="prompts per generate() call in-process")
     concurrency: int = Field(16, ge=1, description="concurrent requests to an OpenAI-compatible server")

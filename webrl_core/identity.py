@@ -14,10 +14,15 @@ evaluator changed under the same id) produces new episodes instead of silently r
 * ``policy_digest``: ``hf:<checkpoint sha256>`` for an in-process model (the folder digest from its manifest,
   see ``artifacts``), ``openai:<model name>@<served digest>`` for a served model, ``oracle`` / ``random:s<seed>``
   for the scripted policies.
-* ``settings_digest``: sampling settings (temperature, top_p, max_new_tokens, prompt style) for model policies,
-  and the environment settings an agent can observe (step limits, observation budget, viewport, timeouts,
-  host blocking, site data). Throughput knobs (``n_envs``, ``batch_wait_s``, browser build, screenshots) are
-  left out: they change how fast episodes run, not what an episode is.
+* ``settings_digest``: sampling settings (temperature, top_p, max_new_tokens, prompt style, and ``seeded`` when it
+  samples with per-action seeds) for model policies, and the environment settings an agent can observe (step
+  limits, observation budget, viewport, timeouts, host blocking, site data). Throughput knobs (``n_envs``,
+  ``batch_wait_s``, browser build, screenshots) are left out: they change how fast episodes run, not what an
+  episode is.
+
+A sampled action draws from its own random stream, seeded by ``action_seed(episode id, step)`` (``policy.seeded``):
+the episode id already holds the run seed, task, policy, settings and attempt, so the same inputs sample the same
+episode whichever other requests share its batch.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ BOOKKEEPING_FIELDS = frozenset({"task_id", "family", "split", "parent_task_id", 
 ENV_BEHAVIOUR_FIELDS = ("max_steps", "parse_failure_limit", "repeat_action_limit", "obs_char_budget", "keep_bbox",
                         "settle_timeout_ms", "action_timeout_ms", "type_replaces", "block_other_hosts",
                         "viewport_only", "viewport_width", "viewport_height")
-SAMPLING_FIELDS = ("top_p", "max_new_tokens")
+SAMPLING_FIELDS = ("top_p", "max_new_tokens", "seeded")
 SCRIPTED_POLICIES = ("oracle", "random", "early-exit")
 
 
@@ -52,12 +57,15 @@ def task_digest(task: dict) -> str:
 def settings_digest(env_cfg: Any, *, temperature: float | None = None, policy_cfg: Any = None,
                     prompt_style: str | None = None, sites: dict | None = None) -> str:
     """Digest of the settings that change what an episode is: the env's behaviour fields, and the sampling
-    settings when a model samples (``temperature`` not None)."""
+    settings when a model samples (``temperature`` not None). ``seeded`` enters only where it changes the episode
+    (temperature > 0 and on), so greedy and unseeded episodes keep the ids they had before the knob existed."""
     env = {f: getattr(env_cfg, f, None) for f in ENV_BEHAVIOUR_FIELDS}
     sampling = None
     if temperature is not None:
         sampling = {"temperature": float(temperature), "prompt_style": prompt_style,
                     **{f: getattr(policy_cfg, f, None) for f in SAMPLING_FIELDS}}
+        if not (temperature > 0 and sampling["seeded"]):
+            del sampling["seeded"]
     return digest({"env": env, "sampling": sampling, "sites": sites or {}})
 
 
@@ -73,6 +81,16 @@ def episode_id(task_id: Any, *, purpose: str, phase: int, task_digest: str, poli
                       settings_digest=settings_digest, seed=seed, attempt=attempt)
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", str(task_id))[:60]
     return f"{purpose}-p{phase}-{safe}-a{attempt}-{key[:16]}"
+
+
+def action_seed(episode_id: str, step: int) -> int:
+    """The sampling seed of the action at ``step`` of episode ``episode_id``: the first 8 bytes of
+    sha256(episode id, step), shifted to a non-negative 63-bit int (fits ``torch.Generator.manual_seed`` and the
+    signed 64-bit ``seed`` of the OpenAI API as vLLM validates it)."""
+    if not episode_id:
+        raise ValueError("action_seed needs an episode id: without one every episode would sample alike")
+    raw = hashlib.sha256(json.dumps(["action", str(episode_id), int(step)]).encode()).digest()
+    return int.from_bytes(raw[:8], "big") >> 1
 
 
 def generated_task_id(phase: int, task: dict) -> str:

@@ -9,15 +9,17 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 import torch
 import uvicorn
 
-from webrl_core.agent_api import Policy
+from webrl_core.agent_api import Policy, StepContext
 from webrl_core.artifacts import sha256_path
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, PolicyConfig
 from webrl_core.learn.models import build_embedded_model, load_tokenizer, train_embedded_tokenizer
 from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, openai_app, served_model_digest
+from webrl_core.identity import action_seed
 from webrl_core.prompts import build_prompt
 
 ACTION = 'do(action="Click", element="3")'
@@ -71,6 +73,49 @@ def test_hf_policy_sampling_varies(model_dir):
     assert len(outs) > 1  # random tiny model at T=1 samples different strings
 
 
+def steps(n: int, episode: str = "rollout-p1-t-a0-0123456789abcdef") -> list[StepContext]:
+    return [StepContext(task={"intent": f"Open item {i}"}, html="", url="", step=i, episode_id=episode)
+            for i in range(n)]
+
+
+def test_seeded_sampling_is_the_same_alone_in_any_batch_and_order(model_dir):
+    pol = HFPolicy(model_dir, PolicyConfig(max_new_tokens=16, batch_size=3, top_p=0.95),
+                   ModelsConfig(max_length=256), temperature=1.0)
+    ps = prompts(5)
+    seeds = [action_seed("ep", i) for i in range(5)]
+    together = pol.generate(ps, seeds=seeds)  # two micro-batches of 3 and 2
+    torch.manual_seed(123)  # the global RNG plays no part
+    assert [pol.generate([p], seeds=[s])[0] for p, s in zip(ps, seeds)] == together
+    assert pol.generate(ps[::-1], seeds=seeds[::-1])[::-1] == together
+    # unseeded prompts are batched apart and leave the seeded rows alone
+    mixed = pol.generate([ps[4], "x", ps[0], "y"] + ps[1:4], seeds=[seeds[4], None, seeds[0], None] + seeds[1:4])
+    assert [mixed[2], *mixed[4:], mixed[0]] == together
+    # another seed, other draws: a random tiny model at T=1 differs on some of the prompts
+    assert pol.generate(ps, seeds=[s + 1 for s in seeds]) != together
+    # top-p keeps the smallest set reaching its mass: a tiny top_p leaves only the most likely token (greedy)
+    narrow = HFPolicy(model_dir, PolicyConfig(max_new_tokens=16, batch_size=3, top_p=1e-6),
+                      ModelsConfig(max_length=256), temperature=1.0)
+    assert narrow.generate(ps, seeds=seeds) == narrow.generate(ps, temperature=0)
+
+
+def test_act_seeds_each_step_from_its_episode_and_step(model_dir):
+    cfg = PolicyConfig(max_new_tokens=16, batch_size=4, top_p=0.95)
+    pol = HFPolicy(model_dir, cfg, ModelsConfig(max_length=256), temperature=1.0)
+    ps, ctxs = prompts(4), steps(4)
+    got = asyncio.run(pol.act(ps, ctxs))
+    assert got == pol.generate(ps, seeds=[action_seed(c.episode_id, c.step) for c in ctxs])
+    assert asyncio.run(pol.act(ps[2:], ctxs[2:])) == got[2:]
+    # greedy ignores seeds; seeded=False samples from the global stream as before
+    greedy = HFPolicy(model_dir, cfg, ModelsConfig(max_length=256), temperature=0)
+    assert asyncio.run(greedy.act(ps, ctxs)) == greedy.generate(ps)
+    unseeded = HFPolicy(model_dir, PolicyConfig(max_new_tokens=16, batch_size=4, top_p=0.95, seeded=False),
+                        ModelsConfig(max_length=256), temperature=1.0)
+    torch.manual_seed(7)
+    first = asyncio.run(unseeded.act(ps, ctxs))
+    torch.manual_seed(7)
+    assert first == unseeded.generate(ps)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -111,6 +156,43 @@ def test_openai_policy_against_real_server(model_dir):
         th.join(timeout=10)
     with pytest.raises(ValueError, match="base_url"):
         OpenAIPolicy("localhost", "tiny")
+
+
+def test_served_seed_reaches_the_model_whatever_arrives_with_it(model_dir):
+    hf = HFPolicy(model_dir, PolicyConfig(max_new_tokens=12, batch_size=8, top_p=0.95), ModelsConfig(max_length=256),
+                  temperature=1.0)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(openai_app(hf, model_name="tiny", batch_wait_s=0.05), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            time.sleep(0.05)
+        assert server.started
+        url = f"http://127.0.0.1:{port}/v1"
+        client = OpenAIPolicy(url, "tiny", PolicyConfig(max_new_tokens=12, top_p=0.95, concurrency=8),
+                              temperature=1.0)
+        ps, ctxs = prompts(5), steps(5)
+        together = asyncio.run(client.act(ps, ctxs))  # one served batch
+        assert [asyncio.run(client.act([p], [c]))[0] for p, c in zip(ps, ctxs)] == together
+        assert together == hf.generate(ps, seeds=[action_seed(c.episode_id, c.step) for c in ctxs])
+        # the raw API: the same seed, the same text; a seed that is not an integer is refused by name
+        body = {"model": "tiny", "prompt": ps[0], "max_tokens": 12, "temperature": 1.0}
+        same = {httpx.post(f"{url}/completions", json={**body, "seed": 42}, timeout=30).json()["choices"][0]["text"]
+                for _ in range(2)}
+        assert len(same) == 1
+        for bad in ("42", 1.5, True, 1 << 64):
+            r = httpx.post(f"{url}/completions", json={**body, "seed": bad}, timeout=30)
+            assert r.status_code == 400 and "'seed'" in r.json()["error"]["message"]
+        r = httpx.post(f"{url}/chat/completions", json={"model": "tiny", "seed": "x",
+                                                         "messages": [{"role": "user", "content": ps[0]}]}, timeout=30)
+        assert r.status_code == 400 and "'seed'" in r.json()["error"]["message"]
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
 
 
 class _Stub(BaseHTTPRequestHandler):
@@ -162,6 +244,15 @@ def test_openai_policy_requests_retries_and_errors(stub):
     assert greedy["path"] == "/v1/completions" and greedy["auth"] == "Bearer sk-1"
     assert greedy["body"] == {"model": "m", "prompt": "p", "max_tokens": 7, "temperature": 0, "stop": ["<|eot_id|>"]}
     assert sampled["body"]["top_p"] == 0.9 and sampled["body"]["temperature"] == 0.5
+    assert "seed" not in sampled["body"]  # no step context, nothing to seed from
+    # a sampled step sends the OpenAI API's `seed` of its episode and step; greedy or seeded=False sends none
+    ctx = steps(3)[2]
+    _Stub.requests = []
+    for policy in (OpenAIPolicy(stub, "m", cfg, temperature=0.5), OpenAIPolicy(stub, "m", cfg, temperature=0),
+                   OpenAIPolicy(stub, "m", PolicyConfig(seeded=False), temperature=0.5)):
+        asyncio.run(policy.act(["p"], [ctx]))
+    assert [r["body"].get("seed") for r in _Stub.requests] == [action_seed(ctx.episode_id, 2), None, None]
+    _Stub.requests = []
     # a failing endpoint: `retries` tries in all (the SDK retries 5xx), then an error naming the URL
     _Stub.mode, _Stub.requests = "fail", []
     with pytest.raises(RuntimeError, match=rf"request to {stub}/completions \(model 'm'\) failed: .*503"):

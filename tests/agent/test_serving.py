@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from webrl_core.agent_api import StepContext
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import EmbeddedModelConfig, load_config
 from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
@@ -57,6 +58,13 @@ def test_webrl_engine_serves_the_checkpoint_and_stops(tmp_path):
         policy = make_policy(s, actor, 0.0, "rollout", ep)
         out = asyncio.run(policy.act([build_prompt("open item 1", [], "<button id=3>Buy</button>")]))
         assert len(out) == 1 and isinstance(out[0], str)
+        # sampled steps carry their seed to the engine: the same text whether they arrive together or alone
+        sampled = make_policy(s, actor, 1.0, "rollout", ep)
+        ps = [build_prompt(f"open item {i}", [], "<button id=3>Buy</button>") for i in range(3)]
+        ctxs = [StepContext(task={}, html="", url="", step=i, episode_id="rollout-p1-t-a0-0123456789abcdef")
+                for i in range(3)]
+        together = asyncio.run(sampled.act(ps, ctxs))
+        assert [asyncio.run(sampled.act([p], [c]))[0] for p, c in zip(ps, ctxs)] == together
         url = ep.base_url
         assert port_open(url)
     assert not port_open(url)

@@ -5,13 +5,17 @@
   its closing assistant header), left-padded into micro-batches of ``policy.batch_size`` and decoded with
   ``generate`` (KV cache; temperature/top-p sampling, greedy at temperature 0). Generation stops at ``<|eot_id|>``
   or EOS; the response is the text before the stop token. The blocking ``generate`` runs in a worker thread, so the
-  event loop keeps serving the browsers while the model works.
+  event loop keeps serving the browsers while the model works. With per-prompt seeds (``policy.seeded``: from
+  ``identity.action_seed`` of the step's episode id and step) each row samples from its own ``torch.Generator``
+  (``SeededRowSampler``), so its text does not depend on the other prompts of its batch.
 - ``OpenAIPolicy``: an OpenAI-compatible server (vLLM, SGLang, TGI) through the ``openai`` SDK with at most
   ``concurrency`` requests in flight; ``/completions`` with the raw WebRL prompt (style "completion") or
   ``/chat/completions`` with ``prompts.build_chat_messages`` built from the step contexts (style "chat"). Both stop
   at ``<|eot_id|>``. Timeouts, connection errors, 429 and 5xx answers are retried by the SDK (``retries`` tries).
+  A sampled request carries the OpenAI API's ``seed`` (``identity.action_seed``), which vLLM honours per request.
 - ``openai_app(policy)``: a tiny OpenAI-compatible Starlette app around an ``HFPolicy``, so the embedded model can be
-  served exactly like a vLLM endpoint (used by the tests and for local runs without vLLM).
+  served exactly like a vLLM endpoint (used by the tests and for local runs without vLLM); a request's ``seed``
+  reaches ``HFPolicy.generate`` as that prompt's seed.
 """
 
 from __future__ import annotations
@@ -29,16 +33,59 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from webrl_core.agent_api import StepContext
 from webrl_core.artifacts import sha256_path
 from webrl_core.config import ModelsConfig, PolicyConfig
+from webrl_core.identity import action_seed
 from webrl_core.learn.models import (encode_prompt, left_pad, load_causal_lm, load_tokenizer, resolve_device,
                                stop_token_id)
 from webrl_core.prompts import STOP_TOKEN, PromptFormat, as_format, build_chat_messages
 
 if TYPE_CHECKING:
     import openai
+
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)
+"""Seeds a request may carry: a signed 64-bit int, the range vLLM's OpenAI server validates ``seed`` against."""
+
+
+def context_seeds(contexts: list[StepContext] | None, temperature: float, cfg: PolicyConfig) -> list[int | None]:
+    """Each step's sampling seed (``identity.action_seed(episode_id, step)``); None where there is nothing to
+    seed: greedy decoding, ``policy.seeded`` off, or a step without an episode id."""
+    if not contexts or temperature <= 0 or not cfg.seeded:
+        return [None] * len(contexts or [])
+    return [action_seed(c.episode_id, c.step) if c is not None and c.episode_id else None for c in contexts]
+
+
+class SeededRowSampler(LogitsProcessor):
+    """Temperature and top-p (nucleus) sampling in which row ``i`` of the batch draws from its own
+    ``torch.Generator`` seeded with ``seeds[i]``, a ``transformers.LogitsProcessor`` (``__call__(input_ids, scores)
+    -> scores``). It returns scores that are -inf everywhere but the drawn token, so ``generate(do_sample=False)``
+    (argmax) takes that token. A row's draws use only its own logits and generator: its text is the same alone,
+    in any batch and in any order. Top-p keeps the smallest set of most probable tokens whose mass reaches
+    ``top_p`` (Holtzman et al. 2020, "The Curious Case of Neural Text Degeneration"); no top-k."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float):
+        if temperature <= 0:
+            raise ValueError(f"SeededRowSampler samples; temperature={temperature} is greedy decoding")
+        self.seeds = [int(s) for s in seeds]
+        self.temperature, self.top_p = float(temperature), float(top_p)
+        self.generators: list[torch.Generator] | None = None  # made on the device of the first scores
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        if scores.shape[0] != len(self.seeds):
+            raise ValueError(f"{scores.shape[0]} rows of scores for {len(self.seeds)} seeds")
+        if self.generators is None:
+            self.generators = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        probs = torch.softmax(scores.float() / self.temperature, dim=-1)
+        sorted_probs, sorted_ids = probs.sort(dim=-1, descending=True, stable=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= self.top_p, 0.0)  # the first token always stays
+        ranks = torch.stack([torch.multinomial(sorted_probs[row], 1, generator=gen)
+                             for row, gen in enumerate(self.generators)])
+        chosen = sorted_ids.gather(1, ranks)
+        return torch.full_like(scores, float("-inf")).scatter_(1, chosen, 0.0)
 
 
 class HFPolicy:
@@ -99,22 +146,37 @@ class HFPolicy:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], contexts: list[StepContext] | None = None,
-                 temperature: float | None = None, max_new_tokens: int | None = None) -> list[str]:
-        """Blocking batched generation: one response (text before the stop token) per prompt, in order."""
+                 temperature: float | None = None, max_new_tokens: int | None = None,
+                 seeds: list[int | None] | None = None) -> list[str]:
+        """Blocking batched generation: one response (text before the stop token) per prompt, in order.
+
+        ``seeds``: one per prompt (None: unseeded). When sampling, seeded and unseeded prompts go to separate
+        micro-batches, and a seeded micro-batch samples each row from its own generator (``SeededRowSampler``).
+        Unseeded prompts (or temperature 0) get ``generate``'s own sampling (torch's global RNG) or greedy
+        decoding."""
         temp = self.temperature if temperature is None else temperature
         new_tokens = max_new_tokens or self.cfg.max_new_tokens
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         texts = [self._prompt_text(p, contexts[i] if contexts else None) for i, p in enumerate(prompts)]
         ids = [encode_prompt(self.tok, t, self.max_prompt_tokens) for t in texts]
-        # length-sorted micro-batches: less padding, identical results
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        seeded_rows = {i for i in range(len(ids)) if temp > 0 and seeds is not None and seeds[i] is not None}
+        # length-sorted micro-batches: less padding, identical results; seeded and unseeded rows apart
+        by_length = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        chunks: list[tuple[list[int], bool]] = []
+        for seeded in (True, False):
+            rows = [i for i in by_length if (i in seeded_rows) == seeded]
+            chunks += [(rows[k:k + self.cfg.batch_size], seeded) for k in range(0, len(rows), self.cfg.batch_size)]
         out: list[str] = [""] * len(ids)
         with self._lock:
-            for start in range(0, len(order), self.cfg.batch_size):
-                chunk = order[start:start + self.cfg.batch_size]
+            for chunk, seeded in chunks:
                 input_ids, mask = left_pad([ids[i] for i in chunk], self.tok.pad_token_id)
-                kwargs = dict(do_sample=temp > 0, max_new_tokens=new_tokens, eos_token_id=self.stop_ids,
-                              pad_token_id=self.tok.pad_token_id, use_cache=True)
-                if temp > 0:
+                kwargs = dict(do_sample=temp > 0 and not seeded, max_new_tokens=new_tokens,
+                              eos_token_id=self.stop_ids, pad_token_id=self.tok.pad_token_id, use_cache=True)
+                if seeded:  # greedy decoding takes the one token each row's sampler left
+                    kwargs.update(temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList(
+                        [SeededRowSampler([seeds[i] for i in chunk], temp, self.cfg.top_p)]))
+                elif temp > 0:
                     kwargs.update(temperature=temp, top_p=self.cfg.top_p, top_k=0)
                 else:
                     kwargs.update(temperature=None, top_p=None, top_k=None)
@@ -129,7 +191,8 @@ class HFPolicy:
     async def act(self, prompts: list[str], contexts: list[StepContext] | None = None) -> list[str]:
         if not prompts:
             return []
-        return await asyncio.to_thread(self.generate, prompts, contexts)
+        seeds = context_seeds(contexts, self.temperature, self.cfg) if contexts else None
+        return await asyncio.to_thread(self.generate, prompts, contexts, None, None, seeds)
 
 
 class OpenAIPolicy:
@@ -157,10 +220,15 @@ class OpenAIPolicy:
         self.retries = retries
 
     def _request(self, prompt: str, ctx: StepContext | None) -> tuple[str, dict]:
+        """The request's path and body. A sampled step with an episode id sends the OpenAI API's ``seed``
+        parameter (``identity.action_seed``; vLLM's OpenAI server samples such a request from its own generator)."""
         body = {"model": self.model_name, "max_tokens": self.cfg.max_new_tokens, "temperature": self.temperature,
                 "stop": [STOP_TOKEN]}
         if self.temperature > 0:
             body["top_p"] = self.cfg.top_p
+        (seed,) = context_seeds([ctx], self.temperature, self.cfg)
+        if seed is not None:
+            body["seed"] = seed
         if self.style == "chat":
             msgs = (build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.compat) if ctx
                     else [{"role": "user", "content": prompt}])
@@ -243,11 +311,17 @@ def served_model_digest(base_url: str | None, model_name: str | None, api_key_en
 def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: int | None = None,
                batch_wait_s: float = 0.01):
     """OpenAI-compatible ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` around an HFPolicy.
-    Requests that arrive together (within ``batch_wait_s``) are generated in one batch, like a serving engine."""
+    Requests that arrive together (within ``batch_wait_s``) are generated in one batch, like a serving engine. An
+    integer ``seed`` in a request (the OpenAI API's parameter) seeds that prompt's sampling (``HFPolicy.generate``),
+    so its text does not depend on which requests arrived with it."""
     max_batch = max_batch or policy.cfg.batch_size
-    queue: list[tuple[str, float, int, asyncio.Future]] = []
+    queue: list[tuple[str, float, int, int | None, asyncio.Future]] = []
     wake = asyncio.Event()
     state: dict = {}
+
+    def batch_key(q: tuple) -> tuple[float, int, bool]:
+        """One batch per (temperature, max_tokens, unseeded) so each request gets what it asked for."""
+        return q[1], q[2], q[3] is None
 
     async def batcher() -> None:
         while True:
@@ -255,27 +329,37 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
             await asyncio.sleep(batch_wait_s)
             wake.clear()
             while queue:
-                # one batch per (temperature, max_tokens) so each request gets what it asked for
-                key = (queue[0][1], queue[0][2])
-                batch = [q for q in queue if (q[1], q[2]) == key][:max_batch]
+                key = batch_key(queue[0])
+                batch = [q for q in queue if batch_key(q) == key][:max_batch]
                 for q in batch:
                     queue.remove(q)
+                seeds = None if key[2] else [q[3] for q in batch]
                 try:
-                    outs = await asyncio.to_thread(policy.generate, [q[0] for q in batch], None, key[0], key[1])
+                    outs = await asyncio.to_thread(policy.generate, [q[0] for q in batch], None, key[0], key[1],
+                                                   seeds)
                     for q, o in zip(batch, outs):
-                        q[3].set_result(o)
+                        q[4].set_result(o)
                 except Exception as e:  # surface the failure to every waiting request
                     for q in batch:
-                        q[3].set_exception(e)
+                        q[4].set_exception(e)
 
     async def submit(prompt: str, body: dict) -> str:
         if "batcher" not in state:
             state["batcher"] = asyncio.get_running_loop().create_task(batcher())
         fut = asyncio.get_running_loop().create_future()
         temp = float(body.get("temperature", policy.temperature))
-        queue.append((prompt, temp, int(body.get("max_tokens") or policy.cfg.max_new_tokens), fut))
+        max_tokens = int(body.get("max_tokens") or policy.cfg.max_new_tokens)
+        queue.append((prompt, temp, max_tokens, body.get("seed"), fut))
         wake.set()
         return await fut
+
+    def bad_seed(body: dict) -> JSONResponse | None:
+        seed = body.get("seed")
+        if seed is None or (isinstance(seed, int) and not isinstance(seed, bool)
+                            and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+            return None
+        return JSONResponse({"error": {"message": f"'seed' must be a signed 64-bit integer, not {str(seed)[:40]!r}"}},
+                            status_code=400)
 
     def envelope(kind: str, choice: dict, prompt: str, text: str) -> dict:
         n_prompt = len(policy.tok(prompt, add_special_tokens=False).input_ids)
@@ -288,6 +372,8 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
         body = await request.json()
         if not isinstance(body.get("prompt"), str):
             return JSONResponse({"error": {"message": "'prompt' must be a string"}}, status_code=400)
+        if (error := bad_seed(body)) is not None:
+            return error
         text = await submit(body["prompt"], body)
         return JSONResponse(envelope("text_completion", {"index": 0, "text": text, "finish_reason": "stop"},
                                      body["prompt"], text))
@@ -297,6 +383,8 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             return JSONResponse({"error": {"message": "'messages' must be a non-empty list"}}, status_code=400)
+        if (error := bad_seed(body)) is not None:
+            return error
         tok = policy.tok
         if getattr(tok, "chat_template", None):
             prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)

@@ -190,6 +190,12 @@ def test_served_seed_reaches_the_model_whatever_arrives_with_it(model_dir):
         r = httpx.post(f"{url}/chat/completions", json={"model": "tiny", "seed": "x",
                                                          "messages": [{"role": "user", "content": ps[0]}]}, timeout=30)
         assert r.status_code == 400 and "'seed'" in r.json()["error"]["message"]
+        # the request's top_p, not the server's: a tiny nucleus leaves the most likely token, the greedy text
+        narrow = httpx.post(f"{url}/completions", json={**body, "seed": 42, "top_p": 1e-6}, timeout=30).json()
+        assert narrow["choices"][0]["text"] == hf.generate([ps[0]], temperature=0.0, max_new_tokens=12)[0]
+        for bad in (0, 1.5, "0.9", True):
+            r = httpx.post(f"{url}/completions", json={**body, "top_p": bad}, timeout=30)
+            assert r.status_code == 400 and "'top_p'" in r.json()["error"]["message"]
     finally:
         server.should_exit = True
         th.join(timeout=10)

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from starlette.applications import Starlette
@@ -147,8 +147,9 @@ class HFPolicy:
     @torch.no_grad()
     def generate(self, prompts: list[str], contexts: list[StepContext] | None = None,
                  temperature: float | None = None, max_new_tokens: int | None = None,
-                 seeds: list[int | None] | None = None) -> list[str]:
+                 seeds: list[int | None] | None = None, top_p: float | None = None) -> list[str]:
         """Blocking batched generation: one response (text before the stop token) per prompt, in order.
+        ``temperature``, ``max_new_tokens`` and ``top_p`` default to the policy's settings.
 
         ``seeds``: one per prompt (None: unseeded). When sampling, seeded and unseeded prompts go to separate
         micro-batches, and a seeded micro-batch samples each row from its own generator (``SeededRowSampler``).
@@ -156,6 +157,7 @@ class HFPolicy:
         decoding."""
         temp = self.temperature if temperature is None else temperature
         new_tokens = max_new_tokens or self.cfg.max_new_tokens
+        top_p = self.cfg.top_p if top_p is None else top_p
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         texts = [self._prompt_text(p, contexts[i] if contexts else None) for i, p in enumerate(prompts)]
@@ -175,9 +177,9 @@ class HFPolicy:
                               eos_token_id=self.stop_ids, pad_token_id=self.tok.pad_token_id, use_cache=True)
                 if seeded:  # greedy decoding takes the one token each row's sampler left
                     kwargs.update(temperature=None, top_p=None, top_k=None, logits_processor=LogitsProcessorList(
-                        [SeededRowSampler([seeds[i] for i in chunk], temp, self.cfg.top_p)]))
+                        [SeededRowSampler([seeds[i] for i in chunk], temp, top_p)]))
                 elif temp > 0:
-                    kwargs.update(temperature=temp, top_p=self.cfg.top_p, top_k=0)
+                    kwargs.update(temperature=temp, top_p=top_p, top_k=0)
                 else:
                     kwargs.update(temperature=None, top_p=None, top_k=None)
                 gen = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
@@ -308,6 +310,17 @@ def served_model_digest(base_url: str | None, model_name: str | None, api_key_en
     return str(card.get("webrl_digest") or card.get("root") or "unverified")
 
 
+class PendingRequest(NamedTuple):
+    """A request waiting in ``openai_app``'s queue: its prompt, sampling settings and the future of its answer."""
+
+    prompt: str
+    temperature: float
+    max_tokens: int
+    top_p: float
+    seed: int | None
+    answer: asyncio.Future
+
+
 def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: int | None = None,
                batch_wait_s: float = 0.01):
     """OpenAI-compatible ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` around an HFPolicy.
@@ -315,13 +328,13 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
     integer ``seed`` in a request (the OpenAI API's parameter) seeds that prompt's sampling (``HFPolicy.generate``),
     so its text does not depend on which requests arrived with it."""
     max_batch = max_batch or policy.cfg.batch_size
-    queue: list[tuple[str, float, int, int | None, asyncio.Future]] = []
+    queue: list[PendingRequest] = []
     wake = asyncio.Event()
     state: dict = {}
 
-    def batch_key(q: tuple) -> tuple[float, int, bool]:
-        """One batch per (temperature, max_tokens, unseeded) so each request gets what it asked for."""
-        return q[1], q[2], q[3] is None
+    def batch_key(q: PendingRequest) -> tuple[float, int, float, bool]:
+        """One batch per (temperature, max_tokens, top_p, unseeded) so each request gets what it asked for."""
+        return q.temperature, q.max_tokens, q.top_p, q.seed is None
 
     async def batcher() -> None:
         while True:
@@ -333,33 +346,39 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
                 batch = [q for q in queue if batch_key(q) == key][:max_batch]
                 for q in batch:
                     queue.remove(q)
-                seeds = None if key[2] else [q[3] for q in batch]
+                first = batch[0]
+                seeds = None if first.seed is None else [q.seed for q in batch]
                 try:
-                    outs = await asyncio.to_thread(policy.generate, [q[0] for q in batch], None, key[0], key[1],
-                                                   seeds)
+                    outs = await asyncio.to_thread(policy.generate, [q.prompt for q in batch], None,
+                                                   first.temperature, first.max_tokens, seeds, first.top_p)
                     for q, o in zip(batch, outs):
-                        q[4].set_result(o)
+                        q.answer.set_result(o)
                 except Exception as e:  # surface the failure to every waiting request
                     for q in batch:
-                        q[4].set_exception(e)
+                        q.answer.set_exception(e)
 
     async def submit(prompt: str, body: dict) -> str:
         if "batcher" not in state:
             state["batcher"] = asyncio.get_running_loop().create_task(batcher())
         fut = asyncio.get_running_loop().create_future()
-        temp = float(body.get("temperature", policy.temperature))
-        max_tokens = int(body.get("max_tokens") or policy.cfg.max_new_tokens)
-        queue.append((prompt, temp, max_tokens, body.get("seed"), fut))
+        queue.append(PendingRequest(prompt, float(body.get("temperature", policy.temperature)),
+                                    int(body.get("max_tokens") or policy.cfg.max_new_tokens),
+                                    float(body.get("top_p") or policy.cfg.top_p), body.get("seed"), fut))
         wake.set()
         return await fut
 
-    def bad_seed(body: dict) -> JSONResponse | None:
-        seed = body.get("seed")
-        if seed is None or (isinstance(seed, int) and not isinstance(seed, bool)
-                            and SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+    def bad_sampling(body: dict) -> JSONResponse | None:
+        """A 400 naming ``seed`` or ``top_p`` when the request's value is not one the sampler takes."""
+        seed, top_p = body.get("seed"), body.get("top_p")
+        if not (seed is None or (isinstance(seed, int) and not isinstance(seed, bool)
+                                 and SEED_RANGE[0] <= seed <= SEED_RANGE[1])):
+            message = f"'seed' must be a signed 64-bit integer, not {str(seed)[:40]!r}"
+        elif not (top_p is None or (isinstance(top_p, (int, float)) and not isinstance(top_p, bool)
+                                    and 0 < top_p <= 1)):
+            message = f"'top_p' must be a number in (0, 1], not {str(top_p)[:40]!r}"
+        else:
             return None
-        return JSONResponse({"error": {"message": f"'seed' must be a signed 64-bit integer, not {str(seed)[:40]!r}"}},
-                            status_code=400)
+        return JSONResponse({"error": {"message": message}}, status_code=400)
 
     def envelope(kind: str, choice: dict, prompt: str, text: str) -> dict:
         n_prompt = len(policy.tok(prompt, add_special_tokens=False).input_ids)
@@ -372,7 +391,7 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
         body = await request.json()
         if not isinstance(body.get("prompt"), str):
             return JSONResponse({"error": {"message": "'prompt' must be a string"}}, status_code=400)
-        if (error := bad_seed(body)) is not None:
+        if (error := bad_sampling(body)) is not None:
             return error
         text = await submit(body["prompt"], body)
         return JSONResponse(envelope("text_completion", {"index": 0, "text": text, "finish_reason": "stop"},
@@ -383,7 +402,7 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
             return JSONResponse({"error": {"message": "'messages' must be a non-empty list"}}, status_code=400)
-        if (error := bad_seed(body)) is not None:
+        if (error := bad_sampling(body)) is not None:
             return error
         tok = policy.tok
         if getattr(tok, "chat_template", None):

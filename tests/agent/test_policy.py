@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -122,12 +123,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_openai_policy_against_real_server(model_dir):
-    hf = HFPolicy(model_dir, PolicyConfig(max_new_tokens=10, batch_size=8), ModelsConfig(max_length=256),
-                  temperature=0)
+@contextlib.contextmanager
+def served(app):
+    """``app`` served by uvicorn on a free 127.0.0.1 port for the block; yields its ``/v1`` base URL."""
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(openai_app(hf, model_name="tiny"), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     th = threading.Thread(target=server.run, daemon=True)
     th.start()
     try:
@@ -136,24 +136,29 @@ def test_openai_policy_against_real_server(model_dir):
                 break
             time.sleep(0.05)
         assert server.started
-        client = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "tiny", PolicyConfig(max_new_tokens=10, concurrency=4),
-                              temperature=0)
-        ps = prompts(6)
-        got = asyncio.run(client.act(ps))
-        assert got == hf.generate(ps)  # same greedy text over real HTTP
-        chat = OpenAIPolicy(f"http://127.0.0.1:{port}/v1", "tiny", PolicyConfig(max_new_tokens=10), temperature=0,
-                            style="chat")
-        assert asyncio.run(chat.act(ps[:1])) == hf.generate(ps[:1])  # no chat template: last user turn is the prompt
-        bad = OpenAIPolicy(f"http://127.0.0.1:{port}/v1/nope", "tiny", PolicyConfig(), retries=1)
-        with pytest.raises(RuntimeError, match="failed"):
-            asyncio.run(bad.act(ps[:1]))
-        # GET /models: the server's extra card field (the checkpoint's digest) is what the endpoint vouches for
-        assert served_model_digest(f"http://127.0.0.1:{port}/v1", "tiny") == sha256_path(model_dir)
-        with pytest.raises(RuntimeError, match=r"does not serve policy.model_name='other'; it serves \['tiny'\]"):
-            served_model_digest(f"http://127.0.0.1:{port}/v1", "other")
+        yield f"http://127.0.0.1:{port}/v1"
     finally:
         server.should_exit = True
         th.join(timeout=10)
+
+
+def test_openai_policy_against_real_server(model_dir):
+    hf = HFPolicy(model_dir, PolicyConfig(max_new_tokens=10, batch_size=8), ModelsConfig(max_length=256),
+                  temperature=0)
+    with served(openai_app(hf, model_name="tiny")) as url:
+        client = OpenAIPolicy(url, "tiny", PolicyConfig(max_new_tokens=10, concurrency=4), temperature=0)
+        ps = prompts(6)
+        got = asyncio.run(client.act(ps))
+        assert got == hf.generate(ps)  # same greedy text over real HTTP
+        chat = OpenAIPolicy(url, "tiny", PolicyConfig(max_new_tokens=10), temperature=0, style="chat")
+        assert asyncio.run(chat.act(ps[:1])) == hf.generate(ps[:1])  # no chat template: last user turn is the prompt
+        bad = OpenAIPolicy(f"{url}/nope", "tiny", PolicyConfig(), retries=1)
+        with pytest.raises(RuntimeError, match="failed"):
+            asyncio.run(bad.act(ps[:1]))
+        # GET /models: the server's extra card field (the checkpoint's digest) is what the endpoint vouches for
+        assert served_model_digest(url, "tiny") == sha256_path(model_dir)
+        with pytest.raises(RuntimeError, match=r"does not serve policy.model_name='other'; it serves \['tiny'\]"):
+            served_model_digest(url, "other")
     with pytest.raises(ValueError, match="base_url"):
         OpenAIPolicy("localhost", "tiny")
 
@@ -161,18 +166,7 @@ def test_openai_policy_against_real_server(model_dir):
 def test_served_seed_reaches_the_model_whatever_arrives_with_it(model_dir):
     hf = HFPolicy(model_dir, PolicyConfig(max_new_tokens=12, batch_size=8, top_p=0.95), ModelsConfig(max_length=256),
                   temperature=1.0)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(openai_app(hf, model_name="tiny", batch_wait_s=0.05), host="127.0.0.1",
-                                           port=port, log_level="warning"))
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    try:
-        for _ in range(200):
-            if server.started:
-                break
-            time.sleep(0.05)
-        assert server.started
-        url = f"http://127.0.0.1:{port}/v1"
+    with served(openai_app(hf, model_name="tiny", batch_wait_s=0.05)) as url:
         client = OpenAIPolicy(url, "tiny", PolicyConfig(max_new_tokens=12, top_p=0.95, concurrency=8),
                               temperature=1.0)
         ps, ctxs = prompts(5), steps(5)
@@ -196,9 +190,6 @@ def test_served_seed_reaches_the_model_whatever_arrives_with_it(model_dir):
         for bad in (0, 1.5, "0.9", True):
             r = httpx.post(f"{url}/completions", json={**body, "top_p": bad}, timeout=30)
             assert r.status_code == 400 and "'top_p'" in r.json()["error"]["message"]
-    finally:
-        server.should_exit = True
-        th.join(timeout=10)
 
 
 class _Stub(BaseHTTPRequestHandler):

@@ -37,7 +37,7 @@ BOOKKEEPING_FIELDS = frozenset({"task_id", "family", "split", "parent_task_id", 
 ENV_BEHAVIOUR_FIELDS = ("max_steps", "parse_failure_limit", "repeat_action_limit", "obs_char_budget", "keep_bbox",
                         "settle_timeout_ms", "action_timeout_ms", "type_replaces", "block_other_hosts",
                         "viewport_only", "viewport_width", "viewport_height")
-SAMPLING_FIELDS = ("top_p", "max_new_tokens", "seeded")
+SAMPLING_FIELDS = ("top_p", "max_new_tokens")
 SCRIPTED_POLICIES = ("oracle", "random", "early-exit")
 
 
@@ -64,8 +64,8 @@ def settings_digest(env_cfg: Any, *, temperature: float | None = None, policy_cf
     if temperature is not None:
         sampling = {"temperature": float(temperature), "prompt_style": prompt_style,
                     **{f: getattr(policy_cfg, f, None) for f in SAMPLING_FIELDS}}
-        if not (temperature > 0 and sampling["seeded"]):
-            del sampling["seeded"]
+        if temperature > 0 and getattr(policy_cfg, "seeded", None):
+            sampling["seeded"] = True
     return digest({"env": env, "sampling": sampling, "sites": sites or {}})
 
 

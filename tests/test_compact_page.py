@@ -33,6 +33,27 @@ def test_blocks_are_lines_and_elements_their_ids():
     assert re.findall(r"\[(\d+)\]", text) == [str(i) for i in range(8)]  # every id once, in page order
 
 
+def test_id_after_writes_each_id_after_what_names_its_element():
+    text = compact_page(PAGE, id_after=True)
+    assert text.splitlines() == [
+        "Shop [0]",
+        'input "Search" [1] button Go [2]',
+        "# Orders",
+        "Order # | Total",
+        "0042 | $5.00 View [3]",
+        'Role select "Guest" [4] options: Guest | Owner input checkbox checked [5] input value="a & b" [6] '
+        "Close [7]",
+        "Total",
+    ]
+    assert re.findall(r"\[(\d+)\]", text) == [str(i) for i in range(8)]
+    assert re.sub(r" ?\[\d+\]", "", text) == re.sub(r"\[\d+\] ?", "", compact_page(PAGE))  # same text, ids moved
+    nested = compact_page('<body> <div id="0"> <a id="1"> Edit </a> row </div> </body>', id_after=True)
+    assert nested == "Edit [1] row [0]"
+    fmt = PromptFormat(observation="compact_id_after")
+    assert fmt.key != PromptFormat(observation="compact").key
+    assert "Home [0]" in build_prompt("Go home", [], '<body> <a id="0"> Home </a> </body>', compat=fmt)
+
+
 def test_error_line_is_kept_and_a_cut_page_still_renders():
     text = compact_page('[error] element 9 not found\n<body> <a id="0"> Home </a> <select id="1" data-value="A"> '
                         '<option> A')

@@ -16,6 +16,13 @@ page from far fewer tokens when each block is one line and each interactive elem
   - ``select``: ``[N] select "<selected>"`` and ``options: a | b | c`` (each option's text once);
 * text is whitespace-collapsed and entities decoded; a line that repeats the previous one is dropped.
 
+``id_after=True`` (``prompt.observation: compact_id_after``) writes each id after what identifies the element
+(``byteblaze / api-gateway [5]``, ``button Go [2]``, ``input "Search" [1]``, ``select "Guest" [4] options: ...``).
+An actor names the element first (``# Element: movies``) and writes its id after, so in this order the id is the
+token that follows the name it just wrote; in the ``[N] text`` order it is the token before. On a list of a dozen
+forums the 135M SFT start names the right forum and clicks a neighbour's id (docs/results.md, "Where the start
+fails").
+
 Every id of the HTML appears exactly once, so an action's ``element="N"`` means the same element in both
 renderings (``tests/test_compact_page.py`` checks it on every held-out task's oracle steps). The rendering is a
 pure function of the HTML string: stored observations stay the simplified HTML, and any stage can re-render
@@ -38,14 +45,15 @@ _ERROR_LINE = re.compile(r"^(\[error\][^\n]*)\n")
 
 
 class _Compact(HTMLParser):
-    def __init__(self) -> None:
+    def __init__(self, id_after: bool = False) -> None:
         super().__init__(convert_charrefs=True)
+        self.id_after = id_after
         self.lines: list[str] = []
         self.parts: list[str] = []     # pieces of the line being built
         self.cells = 0                 # cells opened on the current table row
         self.stack: list[str] = []     # open tags
         self.select: dict | None = None  # the open <select>: id, options, selected
-        self.labelled: list[tuple[str, int]] = []  # (tag, len(parts) at open) of open elements with an id
+        self.labelled: list[tuple[str, int, str, str]] = []  # (tag, len(parts) at open, title, id) of open elements with an id
 
     # -- lines ---------------------------------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -84,8 +92,9 @@ class _Compact(HTMLParser):
             self._field(tag, el_id, a)
             return
         if el_id:
-            self.parts.append(f"[{el_id}]" + (" button" if tag == "button" else ""))
-            self.labelled.append((tag, len(self.parts), a.get("title", "")))
+            if tag == "button" or not self.id_after:
+                self.parts.append(("button" if self.id_after else f"[{el_id}]" + (" button" if tag == "button" else "")))
+            self.labelled.append((tag, len(self.parts), a.get("title", ""), el_id))
         if tag not in VOID:
             self.stack.append(tag)
 
@@ -96,7 +105,7 @@ class _Compact(HTMLParser):
 
     def _field(self, tag: str, el_id: str, a: dict[str, str]) -> None:
         kind = (a.get("type") or "text").lower()
-        bits = [f"[{el_id}]" if el_id else "", "input" if tag == "input" else "textarea"]
+        bits = ["" if self.id_after or not el_id else f"[{el_id}]", "input" if tag == "input" else "textarea"]
         if kind not in ("text", "") and tag == "input":
             bits.append(kind)
         for key in ("placeholder", "title"):
@@ -110,6 +119,8 @@ class _Compact(HTMLParser):
         status = a.get("data-status")
         if status in ("checked", "not-checked"):
             bits.append(status.replace("-", " "))
+        if self.id_after and el_id:
+            bits.append(f"[{el_id}]")
         self.parts.append(" ".join(b for b in bits if b))
         if tag == "textarea":
             self.stack.append(tag)
@@ -124,21 +135,27 @@ class _Compact(HTMLParser):
                 self.select["option"] = None
             elif tag == "select":
                 s, self.select = self.select, None
-                head = f"[{s['id']}] select" if s["id"] else "select"
-                self.parts.append(f'{head} "{s["value"]}" options: ' + " | ".join(o for o in s["options"] if o))
+                self.parts.append(f'{self._select_head(s)} options: ' + " | ".join(o for o in s["options"] if o))
             return
         if tag not in self.stack:
             return
         while self.stack:
             open_tag = self.stack.pop()
             if self.labelled and self.labelled[-1][0] == open_tag:
-                _, start, title = self.labelled.pop()
+                _, start, title, el_id = self.labelled.pop()
                 if len(self.parts) == start and title:  # nothing inside: the title names it
                     self.parts.append(title)
+                if self.id_after:
+                    self.parts.append(f"[{el_id}]")
             if open_tag in BLOCK_TAGS:
                 self._flush()
             if open_tag == tag:
                 break
+
+    def _select_head(self, s: dict) -> str:
+        if not s["id"]:
+            return f'select "{s["value"]}"'
+        return f'select "{s["value"]}" [{s["id"]}]' if self.id_after else f'[{s["id"]}] select "{s["value"]}"'
 
     def handle_data(self, data):
         if self.select is not None:
@@ -152,16 +169,16 @@ class _Compact(HTMLParser):
     def close(self):
         super().close()
         if self.select is not None:  # cut-off observation inside a select
-            self.parts.append(f"[{self.select['id']}] select \"{self.select['value']}\"")
+            self.parts.append(self._select_head(self.select))
             self.select = None
         self._flush()
 
 
-def compact_page(html: str) -> str:
+def compact_page(html: str, id_after: bool = False) -> str:
     """The compact rendering of one simplified-HTML observation (module docstring); a leading ``[error] ...``
-    line is kept as the first line."""
+    line is kept as the first line. ``id_after``: each id after the element's text instead of before it."""
     m = _ERROR_LINE.match(html)
-    p = _Compact()
+    p = _Compact(id_after)
     p.feed(html[m.end():] if m else html)
     p.close()
     lines = ([m.group(1)] if m else []) + p.lines

@@ -19,7 +19,7 @@ Formats for small models (``prompt.style`` and ``prompt.observation``; ``PromptF
 untouched:
 
 * ``observation: compact`` shows h_k as ``compact_page.compact_page(h_k)`` (one line per block, ``[N] text`` per
-  interactive element: about half the tokens of the HTML);
+  interactive element: about half the tokens of the HTML); ``compact_id_after`` writes ``text [N]`` instead;
 * ``style: chat`` with a local actor renders the same rounds through the actor tokenizer's own chat template
   (SmolLM2: ``<|im_start|>user ... <|im_end|>``), once, as the prompt string: a short system line, round 0's user
   turn ``Task: I``, later past rounds the placeholder, each a_i an assistant turn, the current user turn
@@ -78,7 +78,7 @@ DEFAULT_BUDGET = 16384 - 512
 
 COMPATS = ("webrl", "official", "webrl_restated")
 STYLES = ("completion", "chat")
-OBSERVATIONS = ("html", "compact")
+OBSERVATIONS = ("html", "compact", "compact_id_after")
 OFFICIAL_FORMAT_FILE = Path(__file__).with_name("prompt_formats") / "official.json"
 
 
@@ -128,7 +128,9 @@ class PromptFormat:
 
     def page(self, html: str) -> str:
         """The observation as this format shows it."""
-        return compact_page(html) if self.observation == "compact" else html
+        if self.observation == "html":
+            return html
+        return compact_page(html, id_after=self.observation == "compact_id_after")
 
 
 def as_format(compat: str | PromptFormat) -> PromptFormat:

@@ -16,6 +16,8 @@ model being trained and scores each response against the oracle's action (parsed
     lines such as ``# Element: ...`` are free text and not compared);
   - ``element``: same element id, over the steps whose oracle action names an element;
   - ``typed_args``: same argument, over the steps whose oracle action types one (Type, Search, Select);
+  - ``grounding``: same element id, over the steps whose response names the oracle's element in its
+    ``# Element:`` line (the same text): whether a model that chose the right element also wrote its id;
   - ``well_formed``: the response parses as an action.
 
 Each point also records the pairs and tokens trained so far and the tokens/s. The curve goes to
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import statistics
 import time
 from pathlib import Path
@@ -37,7 +40,8 @@ from transformers import TrainerCallback
 from webrl_core.env.actions import ActionParseError, parse_action
 
 TYPED = ("Type", "Search", "Select Dropdown Option")
-MARKS = ("exact", "element", "typed_args", "well_formed")
+MARKS = ("exact", "element", "typed_args", "well_formed", "grounding")
+_NAMED = re.compile(r"^# Element: *(.+?) *$", re.M)
 """A step's marks (module docstring), in the order tables and plots show them."""
 
 
@@ -90,9 +94,14 @@ def score(response: str, oracle: str) -> dict[str, bool | None]:
         got = None
     same = got is not None and (got.name, got.element, got.argument, got.message) == \
         (want.name, want.element, want.argument, want.message)
+    named, want_named = _NAMED.search(response), _NAMED.search(oracle)
+    same_name = named is not None and want_named is not None and \
+        named.group(1).casefold() == want_named.group(1).casefold()
     return {"exact": same, "well_formed": got is not None,
             "element": None if want.element is None else (got is not None and got.element == want.element),
-            "typed_args": None if want.name not in TYPED else (got is not None and got.argument == want.argument)}
+            "typed_args": None if want.name not in TYPED else (got is not None and got.argument == want.argument),
+            "grounding": None if want.element is None or not same_name else (got is not None
+                                                                             and got.element == want.element)}
 
 
 def summarise(marks: list[dict]) -> dict[str, float]:
@@ -145,7 +154,7 @@ class NextActionCurve(TrainerCallback):
             f.write(json.dumps(point) + "\n")
         print(f"[sft-curve] step {step} pairs {pairs} tokens {seen} train {self.train_s:.0f}s: exact "
               f"{point['exact']:.3f} element {point['element']:.3f} typed {point['typed_args']:.3f} well-formed "
-              f"{point['well_formed']:.3f} ({point['eval_s']:.0f}s)", flush=True)
+              f"{point['well_formed']:.3f} id when named {point['grounding']:.3f} ({point['eval_s']:.0f}s)", flush=True)
         return point
 
     def on_step_begin(self, args, state, control, **kw):
@@ -282,12 +291,14 @@ def _print(r: dict) -> None:
 
     t = Table(title=f"webrl bench sft-curve {r['label']} ({r['prompt_format']}, median prompt "
                     f"{r['median_prompt_tokens']} tokens, {r['cpu']})")
-    for col in ("pairs", "epochs", "tokens", "train s", "tokens/s", "exact", "element", "typed args", "well-formed"):
+    for col in ("pairs", "epochs", "tokens", "train s", "tokens/s", "exact", "element", "typed args", "well-formed",
+                "id when named"):
         t.add_column(col, justify="right")
     for p in r["points"]:
         t.add_row(str(p["pairs"]), f"{p['epochs']:.2f}", str(p["tokens"]), f"{p['train_s']:.0f}",
                   str(p["tokens_per_s"] or "-"), f"{100 * p['exact']:.1f}%", f"{100 * p['element']:.1f}%",
-                  f"{100 * p['typed_args']:.1f}% of {p['typed_args_n']}", f"{100 * p['well_formed']:.1f}%")
+                  f"{100 * p['typed_args']:.1f}% of {p['typed_args_n']}", f"{100 * p['well_formed']:.1f}%",
+                  f"{100 * p['grounding']:.1f}% of {p['grounding_n']}")
     Console().print(t)
     if "val_tasks" in r:
         print(f"validation tasks solved (greedy rollouts, the sites' evaluators): {r['val_tasks_solved']}/"

@@ -356,14 +356,19 @@ class ActorTrainConfig(Section):
     Trainer's arguments) takes its loss fields, with their types, defaults and help, from ``LOSS_FIELDS`` below,
     and its optimisation arguments from the rest (``WebRLConfig.from_settings``)."""
 
-    LOSS_FIELDS: ClassVar[tuple[str, ...]] = ("loss", "kl", "beta", "beta_high", "lam", "margin", "paper_logratio",
-                                              "count_norm")
+    LOSS_FIELDS: ClassVar[tuple[str, ...]] = ("loss", "kl", "beta", "beta_low", "beta_high", "lam", "margin",
+                                              "paper_logratio", "count_norm")
 
     # -- the WebRL loss (training.webrl_actor_loss, advantage.py) --------------------------------
     loss: Literal["paper", "official"] = Field("official", description="paper: Eq. 6 squared loss; official: repo's Huber rule")
     kl: bool = Field(True, description="KL-constrained loss; False = plain SFT on the same data (Fig. 5 ablation)")
     beta: float = Field(1.0, gt=0, description="KL coefficient for loss=paper (official uses 1/5 adaptively)")
-    beta_high: float = Field(5.0, gt=0, description="official adaptive beta for confident references (low is 1)")
+    beta_low: float = Field(
+        1.0, gt=0, description="loss=official: beta of the other samples (the repo: 1); a positive sample is pushed "
+        "until its per-token log-ratio reaches A/beta, so a larger beta_low moves the steps the reference was unsure "
+        "of less")
+    beta_high: float = Field(5.0, gt=0, description="official adaptive beta for confident references (A >= 0 and "
+                             "ref_prob >= 0.8, or A < 0 and ref_prob < 0.9); the others get beta_low")
     lam: float = Field(0.5, ge=0, le=1, description="lambda mixing 1-step TD and MC advantage (paper Eq. 9)")
     margin: float = Field(0.05, ge=0, description="official advantage margin subtracted from V(s')-V(s)")
     paper_logratio: Literal["sum", "mean"] = Field(

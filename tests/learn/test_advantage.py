@@ -41,6 +41,7 @@ def test_official_beta_rule_and_boundaries():
     adv = torch.tensor([1.0, 1.0, 1.0, -0.6, -0.6, -0.6])
     ref_prob = torch.tensor([0.85, 0.8, 0.5, 0.5, 0.9, 0.95])
     assert official_beta(adv, ref_prob).tolist() == [5.0, 5.0, 1.0, 5.0, 1.0, 1.0]
+    assert official_beta(adv, ref_prob, low=3.0, high=8.0).tolist() == [8.0, 8.0, 3.0, 8.0, 3.0, 3.0]  # actor.beta_low
 
 
 def test_beta_cap_and_detach():

@@ -180,6 +180,12 @@ def test_official_loss_raises_positive_actions_with_bounded_kl(tiny, tmp_path, a
                     critic_dir=tiny[f"critic_{arch}"], progress=False)
         sft_ratio = (_per_token_logp(tmp_path / "sft", samples, settings) - before).mean().item()
         assert sft_ratio > ratio + 1.0, (sft_ratio, ratio)
+        # actor.beta_low = 5: the same unsure steps are pushed to A / 5 = 0.2 nat per token only
+        train_actor(samples, tiny[arch], tmp_path / "b5", _settings("actor.beta_low=5"),
+                    critic_dir=tiny[f"critic_{arch}"], progress=False)
+        b5_ratio = (_per_token_logp(tmp_path / "b5", samples, settings) - before).mean().item()
+        print("per-token log-ratio: beta_low 1", ratio, "beta_low 5", b5_ratio, "no KL", sft_ratio)
+        assert 0 < b5_ratio < ratio - 0.5, (b5_ratio, ratio)
 
 
 def test_lora_paper_loss_and_saved_folders(tiny, tmp_path):

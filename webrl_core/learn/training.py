@@ -10,7 +10,8 @@ pi_ref (the actor at the start of the phase), n_i the action token count (the ac
     c_i         = n_i ("sample", the repo at its batch size 1) or sum_j n_j mask_j ("batch", the repo's formula
                   for batch > 1); max(c, 1)
     log_ratio_i = (logp_i - ref_logp_i) / c_i                           per-token mean log-ratio
-    beta_i      = min(beta_i^0, |A_i / log_ratio_i|)  (detached)         beta_i^0 in {1, 5} from ref_prob
+    beta_i      = min(beta_i^0, |A_i / log_ratio_i|)  (detached)         beta_i^0 in {beta_low, beta_high}
+                                                                         from ref_prob: the repo's {1, 5}
     L           = mean_i  Huber_delta=1(beta_i * log_ratio_i, A_i) / beta_i * mask_i
 
   mask_i = A_i > 0. Masked-out samples contribute exactly 0 to the loss and its gradient, so they are DROPPED
@@ -116,8 +117,8 @@ def _fields_of(section: type, names: tuple[str, ...]):
 @_fields_of(ActorTrainConfig, ActorTrainConfig.LOSS_FIELDS)
 class WebRLConfig(TrainingArguments):
     """``TrainingArguments`` + the WebRL loss fields, the arguments of ``WebRLTrainer`` (TRL's ``XxxConfig``
-    convention). The loss fields (``ActorTrainConfig.LOSS_FIELDS``: loss, kl, beta, beta_high, lam, margin,
-    paper_logratio, count_norm) are declared once, in the ``actor`` config section, and validated by it;
+    convention). The loss fields (``ActorTrainConfig.LOSS_FIELDS``: loss, kl, beta, beta_low, beta_high, lam,
+    margin, paper_logratio, count_norm) are declared once, in the ``actor`` config section, and validated by it;
     ``from_settings`` maps the section's optimisation fields onto the ``TrainingArguments`` ones."""
 
     def __post_init__(self):
@@ -566,7 +567,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     adv_k, mask_k = adv[keep], mask[keep]
     ref_prob = adv_mod.reference_prob(ref_logp, n_tok)
     if cfg.loss == "official":
-        beta0 = adv_mod.official_beta(adv_k, ref_prob, 1.0, cfg.beta_high)
+        beta0 = adv_mod.official_beta(adv_k, ref_prob, cfg.beta_low, cfg.beta_high)
     else:
         beta0 = torch.full_like(adv_k, cfg.beta)
     for j, r in enumerate(rows):

@@ -13,15 +13,19 @@ TYPE = '# Element: Username\ndo(action="Type", argument="vinta", element="9")'
 
 def test_marks_compare_the_action_not_the_comment():
     assert score('# Element: anything\ndo(action="Click", element="8")', CLICK) == \
-        {"exact": True, "well_formed": True, "element": True, "typed_args": None, "grounding": None}
+        {"exact": True, "well_formed": True, "element": True, "typed_args": None, "stops": None, "grounding": None}
     assert score('do(action="Type", argument="vint", element="9")', TYPE) == \
-        {"exact": False, "well_formed": True, "element": True, "typed_args": False, "grounding": None}
+        {"exact": False, "well_formed": True, "element": True, "typed_args": False, "stops": None, "grounding": None}
     assert score('do(action="Click", element="Driftwood", element="Driftwood"', CLICK) == \
-        {"exact": False, "well_formed": False, "element": False, "typed_args": None, "grounding": None}
+        {"exact": False, "well_formed": False, "element": False, "typed_args": None, "stops": None, "grounding": None}
     # grounding: the id, where the response names the oracle's element (a right name with a neighbour's id fails)
     assert score('# Element: members\ndo(action="Click", element="7")', CLICK)["grounding"] is False
     assert score('# Element: Members\ndo(action="Click", element="8")', CLICK)["grounding"] is True
     assert score('exit(message="Done")', '# Note: done\nexit(message="Done")')["exact"]
+    # stops: an exit where the oracle exits, whatever the answer; acting on instead fails
+    price = '# Note: the page shows $3.99\nexit(message="$3.99")'
+    assert score('exit(message="$4.99")', price)["stops"] is True and not score('exit(message="$4.99")', price)["exact"]
+    assert score('# Element: Add to Cart\ndo(action="Click", element="8")', price)["stops"] is False
     s = summarise([score(CLICK, CLICK), score(CLICK, TYPE)])
     assert s["exact"] == 0.5 and s["typed_args"] == 0.0 and s["typed_args_n"] == 1 and s["well_formed"] == 1.0
     assert s["grounding"] == 1.0 and s["grounding_n"] == 1  # the Click named Members; the Type answer did not

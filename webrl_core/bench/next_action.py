@@ -11,7 +11,8 @@ actor answers every step greedily in the configured ``prompt.*`` format and is m
     exact_k = (1/N) * sum_i [parse(r_i) == parse(a_i)]        (action, element id, argument and answer)
 
 and likewise ``element`` (the id, on steps that act on an element), ``typed_args`` (Type/Search/Select),
-``well_formed`` and ``grounding`` (the id, on the steps where the response names the oracle's element). A phase that undoes the start shows as exact_k < exact_0 by more than the sampling noise
+``well_formed``, ``stops`` (an exit where the oracle exits) and ``grounding`` (the id, on the steps where the
+response names the oracle's element). A phase that undoes the start shows as exact_k < exact_0 by more than the sampling noise
 (about sqrt(p(1-p)/N): +-4.5 points at p = 0.6, N = 120).
 """
 
@@ -105,10 +106,10 @@ def _print(result: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"webrl bench next-action: {result['val_steps']} validation steps, greedy ({result['cpu']})")
-    for col in ("actor", "exact", "element", "typed args", "well-formed", "id when named", "s"):
+    for col in ("actor", "exact", "element", "typed args", "well-formed", "stops", "id when named", "s"):
         t.add_column(col, justify="right")
     for r in result["rows"]:
         t.add_row(r["label"], f"{100 * r['exact']:.1f}%", f"{100 * r['element']:.1f}%",
                   f"{100 * r['typed_args']:.1f}% of {r['typed_args_n']}", f"{100 * r['well_formed']:.1f}%",
-                  f"{100 * r['grounding']:.1f}% of {r['grounding_n']}", f"{r['eval_s']:.0f}")
+                  f"{100 * r['stops']:.1f}% of {r['stops_n']}", f"{100 * r['grounding']:.1f}% of {r['grounding_n']}", f"{r['eval_s']:.0f}")
     Console().print(t)

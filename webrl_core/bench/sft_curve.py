@@ -16,6 +16,9 @@ model being trained and scores each response against the oracle's action (parsed
     lines such as ``# Element: ...`` are free text and not compared);
   - ``element``: same element id, over the steps whose oracle action names an element;
   - ``typed_args``: same argument, over the steps whose oracle action types one (Type, Search, Select);
+  - ``stops``: the response is an ``exit`` too, over the steps whose oracle action exits (an answer or Done):
+    whether the model stops on the page where the task is done instead of acting on (a price question answered
+    on the product page, not `Add to Cart`); the answer itself is scored by ``exact``;
   - ``grounding``: same element id, over the steps whose response names the oracle's element in its
     ``# Element:`` line (the same text): whether a model that chose the right element also wrote its id;
   - ``well_formed``: the response parses as an action.
@@ -40,7 +43,7 @@ from transformers import TrainerCallback
 from webrl_core.env.actions import ActionParseError, parse_action
 
 TYPED = ("Type", "Search", "Select Dropdown Option")
-MARKS = ("exact", "element", "typed_args", "well_formed", "grounding")
+MARKS = ("exact", "element", "typed_args", "well_formed", "stops", "grounding")
 _NAMED = re.compile(r"^# Element: *(.+?) *$", re.M)
 """A step's marks (module docstring), in the order tables and plots show them."""
 
@@ -100,6 +103,7 @@ def score(response: str, oracle: str) -> dict[str, bool | None]:
     return {"exact": same, "well_formed": got is not None,
             "element": None if want.element is None else (got is not None and got.element == want.element),
             "typed_args": None if want.name not in TYPED else (got is not None and got.argument == want.argument),
+            "stops": None if want.name != "exit" else (got is not None and got.name == "exit"),
             "grounding": None if want.element is None or not same_name else (got is not None
                                                                              and got.element == want.element)}
 
@@ -154,7 +158,7 @@ class NextActionCurve(TrainerCallback):
             f.write(json.dumps(point) + "\n")
         print(f"[sft-curve] step {step} pairs {pairs} tokens {seen} train {self.train_s:.0f}s: exact "
               f"{point['exact']:.3f} element {point['element']:.3f} typed {point['typed_args']:.3f} well-formed "
-              f"{point['well_formed']:.3f} id when named {point['grounding']:.3f} ({point['eval_s']:.0f}s)", flush=True)
+              f"{point['well_formed']:.3f} stops {point['stops']:.3f} id when named {point['grounding']:.3f} ({point['eval_s']:.0f}s)", flush=True)
         return point
 
     def on_step_begin(self, args, state, control, **kw):
@@ -292,13 +296,13 @@ def _print(r: dict) -> None:
     t = Table(title=f"webrl bench sft-curve {r['label']} ({r['prompt_format']}, median prompt "
                     f"{r['median_prompt_tokens']} tokens, {r['cpu']})")
     for col in ("pairs", "epochs", "tokens", "train s", "tokens/s", "exact", "element", "typed args", "well-formed",
-                "id when named"):
+                "stops", "id when named"):
         t.add_column(col, justify="right")
     for p in r["points"]:
         t.add_row(str(p["pairs"]), f"{p['epochs']:.2f}", str(p["tokens"]), f"{p['train_s']:.0f}",
                   str(p["tokens_per_s"] or "-"), f"{100 * p['exact']:.1f}%", f"{100 * p['element']:.1f}%",
                   f"{100 * p['typed_args']:.1f}% of {p['typed_args_n']}", f"{100 * p['well_formed']:.1f}%",
-                  f"{100 * p['grounding']:.1f}% of {p['grounding_n']}")
+                  f"{100 * p['stops']:.1f}% of {p['stops_n']}", f"{100 * p['grounding']:.1f}% of {p['grounding_n']}")
     Console().print(t)
     if "val_tasks" in r:
         print(f"validation tasks solved (greedy rollouts, the sites' evaluators): {r['val_tasks_solved']}/"

@@ -52,7 +52,8 @@ class _Compact(HTMLParser):
         self.cells = 0                 # cells opened on the current table row
         self.stack: list[str] = []     # open tags
         self.select: dict | None = None  # the open <select>: id, options, selected
-        self.labelled: list[tuple[str, int, str, str]] = []  # (tag, len(parts) at open, title, id) of open elements with an id
+        # (tag, len(parts) at open, title, id) of the open elements with an id
+        self.labelled: list[tuple[str, int, str, str]] = []
 
     # -- lines ---------------------------------------------------------------------------------------------------
     def _flush(self) -> None:
@@ -91,8 +92,10 @@ class _Compact(HTMLParser):
             self._field(tag, el_id, a)
             return
         if el_id:
-            if tag == "button" or not self.id_after:
-                self.parts.append(("button" if self.id_after else f"[{el_id}]" + (" button" if tag == "button" else "")))
+            if not self.id_after:
+                self.parts.append(f"[{el_id}]" + (" button" if tag == "button" else ""))
+            elif tag == "button":
+                self.parts.append("button")  # its id follows its text, at the end tag
             self.labelled.append((tag, len(self.parts), a.get("title", ""), el_id))
         if tag not in VOID:
             self.stack.append(tag)

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from webrl_core.errors import BadInput, MissingInput
 from webrl_core.hardware import auto_dtype
 from webrl_core.pretrained import resolve_model_ref, setup_command
+from webrl_core.prompts import COMPATS, OBSERVATIONS, STYLES
 from webrl_core.websites import ALL_SITES
 
 log = logging.getLogger(__name__)
@@ -156,16 +157,16 @@ class EnvConfig(Section):
 
 
 class PromptConfig(Section):
-    style: Literal["completion", "chat"] = Field(
+    style: Literal[STYLES] = Field(
         "completion", description="completion: WebRL raw prompt; chat: the rounds as chat turns through the actor "
         "tokenizer's own chat template (its special tokens, not Llama-3 header text), rendered once as the prompt "
         "string every stage sees; a served model without a local tokenizer gets the messages instead")
-    observation: Literal["html", "compact", "compact_id_after"] = Field(
+    observation: Literal[OBSERVATIONS] = Field(
         "html", description="html: the simplified HTML as extracted (the official observation); compact: one line "
         "per block, interactive elements as [id] text, table rows as one line (webrl_core/compact_page.py), about "
         "half the tokens; compact_id_after: the same with each id after the element's text (text [id]), the order "
         "in which the actor writes them (# Element: text, then element=\"id\")")
-    compat: Literal["webrl", "official", "webrl_restated"] = Field(
+    compat: Literal[COMPATS] = Field(
         "webrl", description="webrl: our wording of the official format (models we train); official: the exact "
         "input strings the released WebRL actor and ORM checkpoints were trained on, so they can be dropped in; "
         "webrl_restated: webrl with the task instruction repeated after the current page, right before the action "

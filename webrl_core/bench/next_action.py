@@ -12,8 +12,8 @@ actor answers every step greedily in the configured ``prompt.*`` format and is m
 
 and likewise ``element`` (the id, on steps that act on an element), ``typed_args`` (Type/Search/Select),
 ``well_formed``, ``stops`` (an exit where the oracle exits) and ``grounding`` (the id, on the steps where the
-response names the oracle's element). A phase that undoes the start shows as exact_k < exact_0 by more than the sampling noise
-(about sqrt(p(1-p)/N): +-4.5 points at p = 0.6, N = 120).
+response names the oracle's element). A phase that undoes the start shows as exact_k < exact_0 by more than the
+sampling noise (about sqrt(p(1-p)/N): +-4.5 points at p = 0.6, N = 120).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import random
 import time
 from pathlib import Path
 
-from webrl_core.bench.sft_curve import MARKS, collect, plot_marks, score, summarise
+from webrl_core.bench.sft_curve import MARKS, collect, plot_marks, score, share_of, summarise
 
 
 def run_actors(run_dir: str | Path) -> list[tuple[str, Path]]:
@@ -110,6 +110,6 @@ def _print(result: dict) -> None:
         t.add_column(col, justify="right")
     for r in result["rows"]:
         t.add_row(r["label"], f"{100 * r['exact']:.1f}%", f"{100 * r['element']:.1f}%",
-                  f"{100 * r['typed_args']:.1f}% of {r['typed_args_n']}", f"{100 * r['well_formed']:.1f}%",
-                  f"{100 * r['stops']:.1f}% of {r['stops_n']}", f"{100 * r['grounding']:.1f}% of {r['grounding_n']}", f"{r['eval_s']:.0f}")
+                  share_of(r, "typed_args"), f"{100 * r['well_formed']:.1f}%", share_of(r, "stops"),
+                  share_of(r, "grounding"), f"{r['eval_s']:.0f}")
     Console().print(t)

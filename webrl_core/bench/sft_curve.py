@@ -44,8 +44,8 @@ from webrl_core.env.actions import ActionParseError, parse_action
 
 TYPED = ("Type", "Search", "Select Dropdown Option")
 MARKS = ("exact", "element", "typed_args", "well_formed", "stops", "grounding")
-_NAMED = re.compile(r"^# Element: *(.+?) *$", re.M)
 """A step's marks (module docstring), in the order tables and plots show them."""
+_NAMED = re.compile(r"^# Element: *(.+?) *$", re.M)  # the element a response names in its comment line
 
 
 def oracle_steps(store, episode_ids: list[str]) -> list[dict]:
@@ -108,6 +108,11 @@ def score(response: str, oracle: str) -> dict[str, bool | None]:
                                                                              and got.element == want.element)}
 
 
+def share_of(row: dict, key: str) -> str:
+    """A mark of a summarised row as a table shows it: ``"62.5% of 24"`` (the steps it applies to)."""
+    return f"{100 * row[key]:.1f}% of {row[f'{key}_n']}"
+
+
 def summarise(marks: list[dict]) -> dict[str, float]:
     out = {}
     for key in MARKS:
@@ -158,7 +163,8 @@ class NextActionCurve(TrainerCallback):
             f.write(json.dumps(point) + "\n")
         print(f"[sft-curve] step {step} pairs {pairs} tokens {seen} train {self.train_s:.0f}s: exact "
               f"{point['exact']:.3f} element {point['element']:.3f} typed {point['typed_args']:.3f} well-formed "
-              f"{point['well_formed']:.3f} stops {point['stops']:.3f} id when named {point['grounding']:.3f} ({point['eval_s']:.0f}s)", flush=True)
+              f"{point['well_formed']:.3f} stops {point['stops']:.3f} id when named {point['grounding']:.3f} "
+              f"({point['eval_s']:.0f}s)", flush=True)
         return point
 
     def on_step_begin(self, args, state, control, **kw):
@@ -301,8 +307,8 @@ def _print(r: dict) -> None:
     for p in r["points"]:
         t.add_row(str(p["pairs"]), f"{p['epochs']:.2f}", str(p["tokens"]), f"{p['train_s']:.0f}",
                   str(p["tokens_per_s"] or "-"), f"{100 * p['exact']:.1f}%", f"{100 * p['element']:.1f}%",
-                  f"{100 * p['typed_args']:.1f}% of {p['typed_args_n']}", f"{100 * p['well_formed']:.1f}%",
-                  f"{100 * p['stops']:.1f}% of {p['stops_n']}", f"{100 * p['grounding']:.1f}% of {p['grounding_n']}")
+                  share_of(p, "typed_args"), f"{100 * p['well_formed']:.1f}%", share_of(p, "stops"),
+                  share_of(p, "grounding"))
     Console().print(t)
     if "val_tasks" in r:
         print(f"validation tasks solved (greedy rollouts, the sites' evaluators): {r['val_tasks_solved']}/"

@@ -230,6 +230,22 @@ def test_run_dir_of_another_config_is_refused_and_config_history_kept(tmp_path):
     assert V.record_config(tmp_path, changed) is None  # unchanged: nothing archived
 
 
+def test_run_dir_made_before_per_action_seeds_names_the_setting_that_reuses_its_episodes(tmp_path):
+    import yaml
+    smoke = load_config("smoke", environ={})
+    V.record_config(tmp_path, smoke)
+    old = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    del old["policy"]["seeded"]  # a config.yaml written before the field existed
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    changed, hint = V.check_run_dir(tmp_path, smoke)
+    assert "policy.seeded: '<unset>' -> True" in changed
+    assert "rolled out anew" in hint and "--set policy.seeded=false reuses them" in hint
+    unseeded = load_config("smoke", sets=["policy.seeded=false"], environ={})
+    assert len(V.check_run_dir(tmp_path, unseeded)) == 1  # only the changed-config warning
+    V.record_config(tmp_path, smoke)
+    assert V.check_run_dir(tmp_path, smoke) == []  # seeded before and now: nothing to say
+
+
 def test_phase_inputs(tmp_path):
     s = load_config("smoke", environ={})
     with pytest.raises(V.BadInputError, match=r"--phase 0: phases start at 1; phase 0 is the bootstrap"):

@@ -136,9 +136,16 @@ def check_run_dir(run_dir: str | os.PathLike, settings: WebRLSettings) -> list[s
     if not changes:
         return []
     more = f" (+{len(changes) - 8} more)" if len(changes) > 8 else ""
-    return [f"run dir {rd} was last run with a different config; changed: " + "; ".join(changes[:8]) + more
-            + f". Stored results are reused only for identical inputs; the earlier config is kept in "
-            f"{rd / HISTORY_DIR}/"]
+    warnings = [f"run dir {rd} was last run with a different config; changed: " + "; ".join(changes[:8]) + more
+                + f". Stored results are reused only for identical inputs; the earlier config is kept in "
+                f"{rd / HISTORY_DIR}/"]
+    was_seeded = (old.get("policy") or {}).get("seeded", False)
+    if settings.policy.seeded and was_seeded is not True:
+        # a fork of a run made before per-action seeds: its sampled episodes are keyed without them
+        warnings.append(f"run dir {rd}: its sampled (temperature > 0) episodes were made without per-action seeds "
+                        f"(policy.seeded was {was_seeded!r}); with policy.seeded=true every one is rolled out anew "
+                        f"under a new id. --set policy.seeded=false reuses them")
+    return warnings
 
 
 def record_config(run_dir: str | os.PathLike, settings: WebRLSettings) -> Path | None:

@@ -239,6 +239,7 @@ def test_run_dir_made_before_per_action_seeds_names_the_setting_that_reuses_its_
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
     changed, hint = V.check_run_dir(tmp_path, smoke)
     assert "policy.seeded: '<unset>' -> True" in changed
+    assert "(policy.seeded was '<unset>')" in hint
     assert "rolled out anew" in hint and "--set policy.seeded=false reuses them" in hint
     unseeded = load_config("smoke", sets=["policy.seeded=false"], environ={})
     assert len(V.check_run_dir(tmp_path, unseeded)) == 1  # only the changed-config warning

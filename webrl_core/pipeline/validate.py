@@ -139,7 +139,7 @@ def check_run_dir(run_dir: str | os.PathLike, settings: WebRLSettings) -> list[s
     warnings = [f"run dir {rd} was last run with a different config; changed: " + "; ".join(changes[:8]) + more
                 + f". Stored results are reused only for identical inputs; the earlier config is kept in "
                 f"{rd / HISTORY_DIR}/"]
-    was_seeded = (old.get("policy") or {}).get("seeded", False)
+    was_seeded = (old.get("policy") or {}).get("seeded", "<unset>")  # as config_changes names a missing field
     if settings.policy.seeded and was_seeded is not True:
         # a fork of a run made before per-action seeds: its sampled episodes are keyed without them
         warnings.append(f"run dir {rd}: its sampled (temperature > 0) episodes were made without per-action seeds "

@@ -98,22 +98,53 @@ def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/mo
 @app.command("sft-curve")
 def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt/bootstrap/models settings are "
                                                            "measured"),
-                    demos: int = typer.Option(300, help="training tasks the oracle demonstrates (the SFT data)"),
+                    demos: int = typer.Option(300, help="training tasks the oracle demonstrates (the SFT data); "
+                                                        "with --folder: train on its first DEMOS demonstrations"),
                     val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
                     val_steps: int = typer.Option(60, help="validation steps scored greedily at each point"),
                     every: int = typer.Option(40, help="optimizer steps between two points of the curve"),
                     label: str = typer.Option("", help="name of this recipe in the table, plot and MLflow run"),
                     val_rollouts: int = typer.Option(0, help="after training, greedy rollouts on this many "
                                                              "validation tasks: task success confirms the recipe"),
+                    budget_s: Optional[float] = typer.Option(None, help="stop training after this many training "
+                                                                        "seconds (the last point is measured)"),
+                    folder: Optional[str] = typer.Option(None, help="train from a folder `webrl bench "
+                                                                    "sft-curve-export` wrote (no browser, no sites; "
+                                                                    "its settings, then --set; --config, --val-* "
+                                                                    "and --run-dir are not used)"),
+                    model: Optional[str] = typer.Option(None, help="with --folder: the base model (models.actor), "
+                                                                   "an HF folder"),
                     out: str = typer.Option("runs/bench-sft/curve", help="writes OUT.jsonl (each point as "
                                                                          "measured), OUT.json and OUT.png")):
     """Phase-0 SFT as a learning curve: greedy next-action accuracy (exact action, element id, typed arguments,
     well-formed) on validation steps of the training pool (never the test set), every --every optimizer steps."""
+    if folder:
+        from webrl_core.bench.sft_curve import run_folder
+
+        run_folder(folder, out, set_, model=model, demos=demos, every=every, label=label, budget_s=budget_s)
+        return
     from webrl_core.bench.sft_curve import run
     from webrl_core.config import load_config
 
     run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, val_steps=val_steps,
-        every=every, out=out, label=label, val_rollouts=val_rollouts)
+        every=every, out=out, label=label, val_rollouts=val_rollouts, budget_s=budget_s)
+
+
+@app.command("sft-curve-export")
+def bench_sft_curve_export(config: str = typer.Option("demo", help="config whose prompt/models settings render the "
+                                                                  "prompts"),
+                           demos: int = typer.Option(300, help="training tasks the oracle demonstrates"),
+                           val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
+                           val_steps: int = typer.Option(120, help="validation steps the folder keeps"),
+                           out: str = typer.Option("runs/bench-sft/curve-folder", help="the portable folder to "
+                                                                                       "write")):
+    """Write the folder `webrl bench sft-curve --folder` trains from: the demonstrations' and the validation
+    steps' prompts rendered in the config's format, with the settings. Needs the sites and Chromium; the folder
+    does not (a GPU machine trains from it)."""
+    from webrl_core.bench.sft_curve import export
+    from webrl_core.config import load_config
+
+    print(json.dumps(export(load_config(config, sets=set_), run_dir, demos, val_tasks, val_steps, out), indent=2))
 
 
 @app.command("next-action")

@@ -48,6 +48,17 @@ def cpu_summary() -> str:
     return f"{name or 'unknown CPU'}, {os.cpu_count()} cores, {path}"
 
 
+def device_summary(device: str) -> str:
+    """The machine a figure was measured on: the GPU's name on CUDA ("NVIDIA H200"), else ``cpu_summary()``."""
+    if device.startswith("cuda") or device == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{torch.cuda.get_device_name()}, bf16" if torch.cuda.is_bf16_supported() else \
+                torch.cuda.get_device_name()
+    return cpu_summary()
+
+
 def _cuda_bf16(device: str) -> bool | None:
     """None when the run is not on CUDA; else whether the GPU supports bf16."""
     if device == "cpu" or not (device == "auto" or device.startswith("cuda")):

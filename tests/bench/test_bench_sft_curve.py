@@ -53,5 +53,35 @@ def test_curve_of_a_pretrained_sft_on_validation_steps(tmp_path):
     for p in points:
         assert all(0 <= p[k] <= 1 for k in ("exact", "well_formed")) and p["exact_n"] == 3
     assert r["prompt_format"].startswith("webrl/chat/compact/") and r["max_prompt_tokens"] <= 640
-    assert out.with_suffix(".png").stat().st_size > 0 and " cores, " in r["cpu"]
+    assert out.with_suffix(".png").stat().st_size > 0 and " cores, " in r["device"]
     assert r["val_tasks"] == 1 and r["val_errors"] == 0 and r["val_tasks_solved"] in (0, 1)  # task success too
+
+
+def test_curve_from_an_exported_folder(tmp_path):
+    """The export holds the demonstrations' pairs (each with its demonstration's index) and the validation steps in
+    the chat/compact format; `--folder` trains on the first --demos demonstrations only, without the run dir, and a
+    training budget stops it early with the last point measured; a folder missing a file is named."""
+    folder, out = tmp_path / "folder", tmp_path / "curve"
+    sets = ["models.actor=smollm2-135m-instruct", "models.train_layers=1", "models.max_length=640",
+            "prompt.style=chat", "prompt.observation=compact", "actor.batch_size=1", "policy.max_new_tokens=24"]
+    flags = [a for s in sets for a in ("--set", s)]
+    res = CliRunner().invoke(app, ["bench", "sft-curve-export", "--config", "smoke", "--demos", "2", "--val-tasks", "2",
+                                   "--val-steps", "3", "--run-dir", str(tmp_path / "run"), "--out", str(folder),
+                                   *flags])
+    assert res.exit_code == 0, res.output
+    rows = [json.loads(line) for line in (folder / "train_pairs.jsonl").read_text().splitlines()]
+    val = [json.loads(line) for line in (folder / "val_steps.jsonl").read_text().splitlines()]
+    assert {r["demo"] for r in rows} == {0, 1} and len(val) == 3
+    assert all(r["prompt"].startswith("<|im_start|>") for r in rows + val)  # rendered through the chat template
+    first = sum(r["demo"] == 0 for r in rows)
+    res = CliRunner().invoke(app, ["bench", "sft-curve", "--folder", str(folder), "--demos", "1", "--every", "1",
+                                   "--budget-s", "0", "--out", str(out), "--set", "bootstrap.sft_epochs=3",
+                                   "--set", "bootstrap.sft_entity_swap=0"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(out.with_suffix(".json").read_text())
+    assert r["train_pairs"] == first and r["demos"] == 1 and r["val_steps"] == 3 and r["budget_s"] == 0
+    assert [p["step"] for p in r["points"]] == [0, 1]  # the budget stopped it after one step, measured
+    assert r["prompt_format"].startswith("webrl/chat/compact/") and out.with_suffix(".png").stat().st_size > 0
+    (folder / "export.json").unlink()
+    res = CliRunner().invoke(app, ["bench", "sft-curve", "--folder", str(folder), "--out", str(out)])
+    assert res.exit_code != 0 and "export.json is missing" in str(res.exception)

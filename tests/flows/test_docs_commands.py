@@ -98,6 +98,8 @@ COVERED: dict[str, str] = {
     "webrl bench rollout --engine": "tests/scale/test_ray_rollout.py::test_local_cluster_and_shared_policy_server",
     "webrl bench sft": "tests/bench/test_bench_sft.py::test_bench_sft_measures_on_validation_tasks_unlike_the_demos",
     "webrl bench sft-curve": "tests/bench/test_bench_sft_curve.py::test_curve_of_a_pretrained_sft_on_validation_steps",
+    "webrl bench sft-curve --folder": "tests/bench/test_bench_sft_curve.py::test_curve_from_an_exported_folder",
+    "webrl bench sft-curve-export": "tests/bench/test_bench_sft_curve.py::test_curve_from_an_exported_folder",
     "webrl bench next-action": "tests/bench/test_bench_next_action.py::test_each_phase_and_a_named_model_on_the_same_steps",
     "webrl bench temperature": "tests/bench/test_bench_temperature.py::test_sweep_keys_episodes_by_temperature_and_reuses_them",
     "webrl bench copy-export": "tests/bench/test_bench_copy.py::test_bench_copy_exports_a_folder_and_checks_each_size",

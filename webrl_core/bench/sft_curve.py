@@ -52,7 +52,7 @@ def oracle_steps(store, episode_ids: list[str]) -> list[dict]:
     """The steps of the successful episodes, each with its intent, the responses before it and its page."""
     from webrl_core.websites import is_success
 
-    rows = store.sql("SELECT e.episode_id, e.intent, e.env_score, s.idx, s.html, s.response FROM steps s "
+    rows = store.sql("SELECT e.episode_id, e.task_id, e.intent, e.env_score, s.idx, s.html, s.response FROM steps s "
                      "JOIN episodes e USING (episode_id) WHERE e.episode_id IN (SELECT unnest($ids)) "
                      "ORDER BY e.episode_id, s.idx", {"ids": episode_ids})
     out, past, current = [], [], None
@@ -60,8 +60,8 @@ def oracle_steps(store, episode_ids: list[str]) -> list[dict]:
         if r["episode_id"] != current:
             current, past = r["episode_id"], []
         if is_success(r["env_score"]):
-            out.append({"episode_id": current, "intent": r["intent"], "past": list(past), "html": r["html"],
-                        "action": r["response"]})
+            out.append({"episode_id": current, "task_id": r["task_id"], "intent": r["intent"], "past": list(past),
+                        "html": r["html"], "action": r["response"]})
         past.append(r["response"])
     return out
 
@@ -81,6 +81,9 @@ def collect(settings, run_dir: str, demos: int, val_tasks: int) -> tuple[list[di
     val_roll = experience.rollout(settings, run_dir, 0, "oracle", val_ref, None, 0.0)
     store = TrajectoryStore(run_dir)
     train, val = oracle_steps(store, demo_roll["episode_ids"]), oracle_steps(store, val_roll["episode_ids"])
+    demo_index = {t["task_id"]: i for i, t in enumerate(read_json(demo_ref))}
+    for s in train:
+        s["demo"] = demo_index[s["task_id"]]  # a folder trains on the steps of its first K demonstrations
     if not train or not val:
         raise RuntimeError(f"bench sft-curve: the oracle solved {demo_roll['env_success']}/{demo_roll['n']} "
                            f"demonstration and {val_roll['env_success']}/{val_roll['n']} validation tasks; both "
@@ -127,8 +130,10 @@ class NextActionCurve(TrainerCallback):
     end); each point is appended to ``jsonl`` as it is measured."""
 
     def __init__(self, prompts: list[str], actions: list[str], settings, every: int, jsonl: Path,
-                 pair_tokens: list[int], pairs_per_step: int, distinct_pairs: int | None = None) -> None:
+                 pair_tokens: list[int], pairs_per_step: int, distinct_pairs: int | None = None,
+                 budget_s: float | None = None) -> None:
         self.prompts, self.actions, self.settings, self.every = prompts, actions, settings, every
+        self.budget_s = budget_s  # training seconds after which training stops (the last point is measured)
         self.jsonl, self.pair_tokens, self.pairs_per_step = jsonl, pair_tokens, pairs_per_step
         # epochs count passes over the demonstrations' pairs: entity-swapped passes are copies of them
         self.distinct_pairs = distinct_pairs or len(pair_tokens)
@@ -172,7 +177,9 @@ class NextActionCurve(TrainerCallback):
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kw):
         self.train_s += time.perf_counter() - self._t
-        if state.global_step % self.every == 0 and state.global_step < state.max_steps:
+        if self.budget_s is not None and self.train_s >= self.budget_s:
+            control.should_training_stop = True  # on_train_end measures this step
+        elif state.global_step % self.every == 0 and state.global_step < state.max_steps:
             self.measure(model, processing_class, state.global_step)
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kw):
@@ -227,72 +234,176 @@ def confirm(settings, run_dir: str, actor_dir: Path, demo_intents: set[str], n_t
             "val_rollout_s": round(time.perf_counter() - t0, 1)}
 
 
+def sample_validation(settings, val: list[dict], val_steps: int) -> list[dict]:
+    """The ``val_steps`` validation steps every point scores (seeded by ``run.seed``)."""
+    return random.Random(settings.run.seed).sample(val, min(val_steps, len(val)))
+
+
+def renderer(settings, tok):
+    """(render, format key): a step's prompt in ``settings.prompt``'s format, as the policy would see it."""
+    from webrl_core.prompts import build_prompt, prompt_format
+
+    fmt, budget = prompt_format(settings, tok), settings.env.obs_char_budget
+    return (lambda s: build_prompt(s["intent"], s["past"], s["html"], budget, compat=fmt)), fmt.key
+
+
+def train_curve(settings, tok, pairs: list[tuple[str, str]], distinct_pairs: int, val: list[tuple[str, str]],
+                base: str | Path, actor_dir: Path, out: Path, head: dict, every: int,
+                budget_s: float | None = None) -> tuple[dict, NextActionCurve, dict]:
+    """Train ``base`` on ``pairs`` (already shuffled, prompts rendered) with the curve measured on ``val``
+    (prompt, oracle action); returns (the run's head with its data sizes, the curve, sft_train's metrics)."""
+    from webrl_core.learn.entity_swap import sft_passes
+    from webrl_core.learn.models import encode_prompt_action
+    from webrl_core.learn.training import actor_micro_batches, sft_train
+
+    train_pairs, epochs = sft_passes(settings, pairs)  # entity-swapped passes as the bootstrap's SFT makes them
+    lengths = [len(encode_prompt_action(tok, p, a, settings.models.max_length)["input_ids"]) for p, a in train_pairs]
+    prompt_tokens = [len(tok(p)["input_ids"]) for p, _ in val]
+    micro, accum = actor_micro_batches(settings)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    jsonl = out.with_suffix(".jsonl")
+    jsonl.unlink(missing_ok=True)
+    curve = NextActionCurve([p for p, _ in val], [a for _, a in val], settings, every, jsonl, lengths,
+                            micro * accum, distinct_pairs=distinct_pairs, budget_s=budget_s)
+    head = {**head, "train_pairs": distinct_pairs, "val_steps": len(val),
+            "median_prompt_tokens": statistics.median(prompt_tokens), "max_prompt_tokens": max(prompt_tokens),
+            "median_pair_tokens": statistics.median(lengths), "lr": settings.bootstrap.sft_lr,
+            "epochs": settings.bootstrap.sft_epochs, "entity_swap": settings.bootstrap.sft_entity_swap,
+            "train_layers": settings.models.train_layers, "lora": settings.models.lora.enabled,
+            "dtype": settings.models.dtype, "batch": micro * accum, "budget_s": budget_s}
+    print(f"[sft-curve] {json.dumps(head)}", flush=True)
+    metrics = sft_train(train_pairs, base, actor_dir, settings, epochs=epochs, callbacks=[curve])
+    return head, curve, metrics
+
+
+def _finish(head: dict, curve: NextActionCurve, metrics: dict, out: Path, t0: float, extra: dict) -> dict:
+    result = {**head, "wall_s": round(time.perf_counter() - t0, 1), "train_loss": metrics.get("train_loss"),
+              **extra, "points": curve.points}
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
+    _print(result)
+    return result
+
+
+def _title(head: dict, settings) -> str:
+    return f"{head['label'] or head['prompt_format']}: lr {settings.bootstrap.sft_lr:g}, {head['device']}"
+
+
 def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: int, every: int,
-        out: str | Path, label: str = "", val_rollouts: int = 0) -> list[dict]:
+        out: str | Path, label: str = "", val_rollouts: int = 0, budget_s: float | None = None) -> list[dict]:
     """Collect (or reuse) the steps, render prompts in ``settings.prompt``'s format, train with the curve; with
     ``val_rollouts``, confirm the trained actor by task success on that many validation tasks."""
     import torch
 
     from webrl_core.artifacts import ArtifactRef
-    from webrl_core.hardware import cpu_summary
-    from webrl_core.learn.models import encode_prompt_action, load_tokenizer
-    from webrl_core.learn.training import actor_micro_batches, sft_train
-    from webrl_core.pipeline.bootstrap import sft_passes
-    from webrl_core.prompts import build_prompt, prompt_format
+    from webrl_core.hardware import device_summary
+    from webrl_core.learn.models import load_tokenizer
     from webrl_core.runs import tracking
 
     run_dir, out = str(run_dir), Path(out)
     if not settings.models.actor:
         raise ValueError("bench sft-curve measures a pretrained actor (models.actor); this config has none")
     train, val, demo_intents = collect(settings, run_dir, demos, val_tasks)
-    val = random.Random(settings.run.seed).sample(val, min(val_steps, len(val)))
+    val = sample_validation(settings, val, val_steps)
     tok = load_tokenizer(settings.models.actor)
-    fmt = prompt_format(settings, tok)
-    budget = settings.env.obs_char_budget
-
-    def render(s: dict) -> str:
-        return build_prompt(s["intent"], s["past"], s["html"], budget, compat=fmt)
-
+    render, fmt_key = renderer(settings, tok)
     pairs = [(render(s), s["action"]) for s in train]
     random.Random(settings.run.seed).shuffle(pairs)
-    pairs, epochs = sft_passes(settings, pairs)  # entity-swapped passes exactly as the bootstrap's SFT makes them
-    lengths = [len(encode_prompt_action(tok, p, a, settings.models.max_length)["input_ids"]) for p, a in pairs]
-    prompt_tokens = [len(tok(render(s))["input_ids"]) for s in val]
-    micro, accum = actor_micro_batches(settings)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    jsonl = out.with_suffix(".jsonl")
-    jsonl.unlink(missing_ok=True)
-    curve = NextActionCurve([render(s) for s in val], [s["action"] for s in val], settings, every, jsonl,
-                            lengths, micro * accum, distinct_pairs=len(train))
-    head = {"label": label, "cpu": cpu_summary(), "torch_threads": torch.get_num_threads(),
-            "prompt_format": fmt.key, "demos": demos, "train_pairs": len(train), "val_steps": len(val),
-            "median_prompt_tokens": statistics.median(prompt_tokens), "max_prompt_tokens": max(prompt_tokens),
-            "median_pair_tokens": statistics.median(lengths), "lr": settings.bootstrap.sft_lr,
-            "epochs": settings.bootstrap.sft_epochs, "entity_swap": settings.bootstrap.sft_entity_swap,
-            "train_layers": settings.models.train_layers,
-            "lora": settings.models.lora.enabled, "dtype": settings.models.dtype, "batch": micro * accum}
-    print(f"[sft-curve] {json.dumps(head)}", flush=True)
-    with tracking.start_run(run_dir, f"sft-curve {label or fmt.key}", experiment="webrl-bench",
+    head = {"label": label, "device": device_summary(settings.models.device),
+            "torch_threads": torch.get_num_threads(), "prompt_format": fmt_key, "demos": demos}
+    actor_dir = Path(run_dir) / "sft-curve" / (label or "actor")
+    with tracking.start_run(run_dir, f"sft-curve {label or fmt_key}", experiment="webrl-bench",
                             config=settings.model_dump(mode="json")):
-        tracking.log_metrics({k: v for k, v in head.items() if isinstance(v, (int, float))})
         t0 = time.perf_counter()
-        actor_dir = Path(run_dir) / "sft-curve" / (label or "actor")
-        metrics = sft_train(pairs, ArtifactRef.of(settings.models.actor, "model").path, actor_dir, settings,
-                            epochs=epochs, callbacks=[curve])
+        head, curve, metrics = train_curve(settings, tok, pairs, len(train), [(render(s), s["action"]) for s in val],
+                                           ArtifactRef.of(settings.models.actor, "model").path, actor_dir, out,
+                                           head, every, budget_s)
+        tracking.log_metrics({k: v for k, v in head.items() if isinstance(v, (int, float))})
         confirmed = confirm(settings, run_dir, actor_dir, demo_intents, val_rollouts) if val_rollouts else {}
         tracking.log_metrics({k: v for k, v in confirmed.items()})
         for p in curve.points:
-            tracking.log_metrics({k: p[k] for k in (*MARKS, "tokens")},
-                                 step=p["pairs"])
-        png = plot(curve.points, out.with_suffix(".png"),
-                   f"{label or fmt.key}: lr {settings.bootstrap.sft_lr:g}, {head['cpu']}")
+            tracking.log_metrics({k: p[k] for k in (*MARKS, "tokens")}, step=p["pairs"])
+        png = plot(curve.points, out.with_suffix(".png"), _title(head, settings))
         tracking.log_artifact(png, "sft-curve")
-        tracking.log_artifact(jsonl, "sft-curve")
-    result = {**head, "wall_s": round(time.perf_counter() - t0, 1), "train_loss": metrics.get("train_loss"),
-              "actor": str(actor_dir), **confirmed, "points": curve.points}
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    _print(result)
-    return curve.points
+        tracking.log_artifact(out.with_suffix(".jsonl"), "sft-curve")
+    return _finish(head, curve, metrics, out, t0, {"actor": str(actor_dir), **confirmed})["points"]
+
+
+FOLDER_FILES = ("train_pairs.jsonl", "val_steps.jsonl", "settings.yaml", "export.json")
+"""What ``export`` writes and ``run_folder`` reads."""
+
+
+def export(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: int, out: str | Path) -> dict:
+    """The portable folder ``out``: the demonstrations' steps (each with the index of its demonstration) and the
+    sampled validation steps, prompts rendered in ``settings.prompt``'s format, and the settings. ``run_folder``
+    trains from it on a machine without Chromium, the sites or the trajectory store (a GPU box)."""
+    import yaml
+
+    from webrl_core.learn.models import load_tokenizer
+
+    if not settings.models.actor:
+        raise ValueError("bench sft-curve measures a pretrained actor (models.actor); this config has none")
+    train, val, _ = collect(settings, str(run_dir), demos, val_tasks)
+    val = sample_validation(settings, val, val_steps)
+    render, fmt_key = renderer(settings, load_tokenizer(settings.models.actor))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_jsonl(out / "train_pairs.jsonl",
+                 [{"prompt": render(s), "action": s["action"], "demo": s["demo"]} for s in train])
+    _write_jsonl(out / "val_steps.jsonl", [{"prompt": render(s), "action": s["action"]} for s in val])
+    (out / "settings.yaml").write_text(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False))
+    summary = {"demos": demos, "train_pairs": len(train), "val_tasks": val_tasks, "val_steps": len(val),
+               "prompt_format": fmt_key}
+    (out / "export.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def run_folder(folder: str | Path, out: str | Path, sets: list[str] = (), model: str | None = None,
+               demos: int | None = None, every: int = 40, label: str = "",
+               budget_s: float | None = None, actor_dir: str | Path | None = None) -> list[dict]:
+    """The curve from an ``export`` folder: the SFT of ``model`` (default: the folder settings' ``models.actor``)
+    on the steps of the folder's first ``demos`` demonstrations (all by default), measured on its validation
+    steps. ``sets`` override the folder's settings (``models.device=cuda``, ``bootstrap.sft_epochs=4``). The trained
+    actor goes to ``actor_dir`` (default: ``<out>-actor`` beside ``out``)."""
+    import torch
+
+    from webrl_core.artifacts import ArtifactRef
+    from webrl_core.config import load_config
+    from webrl_core.hardware import device_summary
+    from webrl_core.learn.models import load_tokenizer
+
+    folder, out = Path(folder), Path(out)
+    for name in FOLDER_FILES:
+        if not (folder / name).is_file():
+            raise FileNotFoundError(f"bench sft-curve: {folder / name} is missing; make the folder with "
+                                    f"`webrl bench sft-curve-export`")
+    settings = load_config(folder / "settings.yaml", sets=[*sets, *([f"models.actor={model}"] if model else [])])
+    exported = json.loads((folder / "export.json").read_text())
+    rows = _read_jsonl(folder / "train_pairs.jsonl")
+    demos = exported["demos"] if demos is None else demos
+    if not 0 < demos <= exported["demos"]:
+        raise ValueError(f"bench sft-curve --demos {demos}: the folder {folder} holds {exported['demos']} "
+                         f"demonstrations")
+    pairs = [(r["prompt"], r["action"]) for r in rows if r["demo"] < demos]
+    random.Random(settings.run.seed).shuffle(pairs)
+    val = [(r["prompt"], r["action"]) for r in _read_jsonl(folder / "val_steps.jsonl")]
+    base = ArtifactRef.of(settings.models.actor, "model").path
+    head = {"label": label, "device": device_summary(settings.models.device),
+            "torch_threads": torch.get_num_threads(), "prompt_format": exported["prompt_format"], "demos": demos,
+            "folder": str(folder)}
+    t0 = time.perf_counter()
+    head, curve, metrics = train_curve(settings, load_tokenizer(base), pairs, len(pairs), val, base,
+                                       Path(actor_dir or out.parent / f"{out.name}-actor"), out, head, every,
+                                       budget_s)
+    plot(curve.points, out.with_suffix(".png"), _title(head, settings))
+    return _finish(head, curve, metrics, out, t0, {})["points"]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _print(r: dict) -> None:
@@ -300,7 +411,7 @@ def _print(r: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"webrl bench sft-curve {r['label']} ({r['prompt_format']}, median prompt "
-                    f"{r['median_prompt_tokens']} tokens, {r['cpu']})")
+                    f"{r['median_prompt_tokens']} tokens, {r['device']})")
     for col in ("pairs", "epochs", "tokens", "train s", "tokens/s", "exact", "element", "typed args", "well-formed",
                 "stops", "id when named"):
         t.add_column(col, justify="right")

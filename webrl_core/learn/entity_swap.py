@@ -77,3 +77,13 @@ def swapped_sft_passes(pairs: Sequence[tuple[str, str]], kinds: dict[str, str], 
         return list(pairs), None
     passes = max(1, math.ceil(epochs))
     return augment_pairs(pairs, EntitySwapper(kinds), passes, p, seed=seed), epochs / passes
+
+
+def sft_passes(settings, pairs: Sequence[tuple[str, str]]) -> tuple[list[tuple[str, str]], float | None]:
+    """The bootstrap SFT's training data made from its (prompt, action) pairs: with ``bootstrap.sft_entity_swap``
+    its entity-swapped passes and the epochs to train over them, else the pairs as they are and None."""
+    from webrl_core.sites.data import entity_kinds
+
+    boot = settings.bootstrap
+    kinds = entity_kinds(settings.sites.data_seed) if boot.sft_entity_swap > 0 else {}
+    return swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap, seed=settings.run.seed)

@@ -13,14 +13,14 @@ from pathlib import Path
 from webrl_core.scale import launch
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.entity_swap import swapped_sft_passes
+from webrl_core.learn.entity_swap import sft_passes
 from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
 from webrl_core.pipeline.experience import numeric
 from webrl_core.pipeline.stage import stage
 from webrl_core.prompts import build_orm_prompt
 from webrl_core.learn.sft_data import demonstration_episodes, read_demonstrations
-from webrl_core.sites.data import entity_kinds, entity_names
+from webrl_core.sites.data import entity_names
 from webrl_core.runs.rundir import output_key, publish, versioned
 from webrl_core.runs.store import TrajectoryStore
 from webrl_core.websites import is_success
@@ -68,14 +68,6 @@ def sft_actor(settings, run_dir: str, init_ref: ArtifactRef, demos: dict) -> tup
     metrics = launch.sft_train(pairs, init_ref.path, real, settings, epochs=epochs)
     publish(out, real)
     return ArtifactRef.of(real, "model"), {"sft_pairs": len(pairs), **numeric(metrics)}
-
-
-def sft_passes(settings, pairs: list[tuple[str, str]]) -> tuple[list[tuple[str, str]], float | None]:
-    """The bootstrap SFT's training data made from its (prompt, action) pairs: with ``bootstrap.sft_entity_swap``
-    its entity-swapped passes and the epochs to train over them, else the pairs as they are and None."""
-    boot = settings.bootstrap
-    kinds = entity_kinds(settings.sites.data_seed) if boot.sft_entity_swap > 0 else {}
-    return swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap, seed=settings.run.seed)
 
 
 @stage()

@@ -27,6 +27,11 @@ Each point also records the pairs and tokens trained so far and the tokens/s. Th
 ``<out>.jsonl`` (one line per point, as measured), a plot ``<out>.png`` and an MLflow run in the bench run dir.
 ``val_rollouts`` confirms the trained actor (kept in ``<run_dir>/sft-curve/<label>``) by task success: greedy
 rollouts on that many validation tasks, scored by the sites' evaluators.
+
+Portable (a machine without Chromium, the sites or the store, such as a GPU box): ``export`` writes the steps with
+their prompts rendered, each demonstration step with the index of its demonstration, and the settings;
+``run_folder`` trains on the first K demonstrations of such a folder and measures the same curve there.
+``budget_s`` stops a training after that many training seconds (points every ``every`` steps until then).
 """
 
 from __future__ import annotations

@@ -128,5 +128,20 @@ def read_json(ref: ArtifactRef | str | Path):
     return json.loads(Path(ref.path if isinstance(ref, ArtifactRef) else ref).read_text())
 
 
+def write_jsonl(rows: list[dict], path: str | Path) -> Path:
+    """Write ``rows`` one JSON object per line, atomically (tmp + rename)."""
+    p = Path(path)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    os.replace(tmp, p)
+    return p
+
+
+def read_jsonl(ref: ArtifactRef | str | Path) -> list[dict]:
+    """The rows of a JSON-lines file (blank lines skipped)."""
+    with open(ref.path if isinstance(ref, ArtifactRef) else ref) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 def ref_dict(ref: ArtifactRef) -> dict:
     return asdict(ref)

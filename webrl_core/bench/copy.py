@@ -38,6 +38,8 @@ from pathlib import Path
 
 import yaml
 
+from webrl_core.artifacts import read_jsonl, write_jsonl
+
 ARGUMENT_START = re.compile(r'argument\s*=\s*"')
 SIZE_FIELDS = ("hidden_size", "intermediate_size", "num_layers", "num_heads")
 
@@ -73,8 +75,8 @@ def export(settings, run_dir: str | Path, demos: int, val_tasks: int, out: str |
                            f"succeeded; both are needed")
     out.mkdir(parents=True, exist_ok=True)
     load_tokenizer(tok_ref.path).save_pretrained(str(out / "tokenizer"))
-    _write_jsonl(out / "train_pairs.jsonl", [{"prompt": r["prompt"], "action": r["action"]} for r in train])
-    _write_jsonl(out / "val_steps.jsonl", val)
+    write_jsonl([{"prompt": r["prompt"], "action": r["action"]} for r in train], out / "train_pairs.jsonl")
+    write_jsonl(val, out / "val_steps.jsonl")
     (out / "entity_kinds.json").write_text(json.dumps(entity_kinds(settings.sites.data_seed)))
     (out / "settings.yaml").write_text(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False))
     summary = {"demos": demos, "demo_steps": len(train), "val_tasks": val_tasks, "val_steps": len(val),
@@ -102,8 +104,8 @@ def run(folder: str | Path, sizes: list[dict[str, int]] | None = None, sets: lis
             raise FileNotFoundError(f"bench copy: {folder / name} is missing; make the folder with "
                                     f"`webrl bench copy-export`")
     settings = load_config(folder / "settings.yaml", sets=list(sets))
-    pairs = [(r["prompt"], r["action"]) for r in _read_jsonl(folder / "train_pairs.jsonl")]
-    val = _read_jsonl(folder / "val_steps.jsonl")
+    pairs = [(r["prompt"], r["action"]) for r in read_jsonl(folder / "train_pairs.jsonl")]
+    val = read_jsonl(folder / "val_steps.jsonl")
     kinds = json.loads((folder / "entity_kinds.json").read_text())
     rows = []
     for size in sizes or [{f: getattr(settings.models.embedded, f) for f in SIZE_FIELDS}]:
@@ -199,14 +201,6 @@ def _argument(action: str) -> str | None:
         return None
     end = action.find('"', m.end())
     return action[m.end():end] if end >= 0 else action[m.end():]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _print(rows: list[dict]) -> None:

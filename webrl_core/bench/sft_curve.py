@@ -45,6 +45,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from webrl_core.artifacts import read_jsonl, write_jsonl
 from webrl_core.env.actions import ActionParseError, parse_action
 
 TYPED = ("Type", "Search", "Select Dropdown Option")
@@ -352,9 +353,9 @@ def export(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps:
     render, fmt_key = renderer(settings, load_tokenizer(settings.models.actor))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_jsonl(out / "train_pairs.jsonl",
-                 [{"prompt": render(s), "action": s["action"], "demo": s["demo"]} for s in train])
-    _write_jsonl(out / "val_steps.jsonl", [{"prompt": render(s), "action": s["action"]} for s in val])
+    write_jsonl([{"prompt": render(s), "action": s["action"], "demo": s["demo"]} for s in train],
+                out / "train_pairs.jsonl")
+    write_jsonl([{"prompt": render(s), "action": s["action"]} for s in val], out / "val_steps.jsonl")
     (out / "settings.yaml").write_text(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False))
     summary = {"demos": demos, "train_pairs": len(train), "val_tasks": val_tasks, "val_steps": len(val),
                "prompt_format": fmt_key}
@@ -383,14 +384,14 @@ def run_folder(folder: str | Path, out: str | Path, sets: list[str] = (), model:
                                     f"`webrl bench sft-curve-export`")
     settings = load_config(folder / "settings.yaml", sets=[*sets, *([f"models.actor={model}"] if model else [])])
     exported = json.loads((folder / "export.json").read_text())
-    rows = _read_jsonl(folder / "train_pairs.jsonl")
+    rows = read_jsonl(folder / "train_pairs.jsonl")
     demos = exported["demos"] if demos is None else demos
     if not 0 < demos <= exported["demos"]:
         raise ValueError(f"bench sft-curve --demos {demos}: the folder {folder} holds {exported['demos']} "
                          f"demonstrations")
     pairs = [(r["prompt"], r["action"]) for r in rows if r["demo"] < demos]
     random.Random(settings.run.seed).shuffle(pairs)
-    val = [(r["prompt"], r["action"]) for r in _read_jsonl(folder / "val_steps.jsonl")]
+    val = [(r["prompt"], r["action"]) for r in read_jsonl(folder / "val_steps.jsonl")]
     base = ArtifactRef.of(settings.models.actor, "model").path
     head = {"label": label, "device": device_summary(settings.models.device),
             "torch_threads": torch.get_num_threads(), "prompt_format": exported["prompt_format"], "demos": demos,
@@ -401,14 +402,6 @@ def run_folder(folder: str | Path, out: str | Path, sets: list[str] = (), model:
                                        budget_s)
     plot(curve.points, out.with_suffix(".png"), _title(head, settings))
     return _finish(head, curve, metrics, out, t0, {})["points"]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _print(r: dict) -> None:

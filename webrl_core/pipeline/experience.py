@@ -14,7 +14,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from webrl_core.artifacts import ArtifactRef, read_json
+from webrl_core.artifacts import ArtifactRef, read_json, read_jsonl
 from webrl_core.env.evaluators import judge_from_settings
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
 from webrl_core.learn.models import load_causal_lm, load_tokenizer
@@ -25,7 +25,7 @@ from webrl_core.scale.ray_rollout import run_on_ray
 from webrl_core.learn.replay import score_replay
 from webrl_core.agent.rollout_policy import lineage, make_policy, needs_server, rollout_identity
 from webrl_core.agent.serving import served_actor
-from webrl_core.runs.rundir import labelled_state, output_key, phase_dir, read_jsonl, write_jsonl_version
+from webrl_core.runs.rundir import labelled_state, output_key, phase_dir, write_jsonl_version
 from webrl_core.sites.session import site_session
 from webrl_core.runs.store import TrajectoryStore
 from webrl_core.learn.transitions import build_transitions

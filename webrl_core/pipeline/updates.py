@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Callable
 
 from webrl_core.scale import launch
-from webrl_core.artifacts import ArtifactRef
+from webrl_core.artifacts import ArtifactRef, read_jsonl
 from webrl_core.pipeline.experience import numeric
 from webrl_core.pipeline.stage import stage
-from webrl_core.runs.rundir import output_key, publish, read_jsonl, versioned
+from webrl_core.runs.rundir import output_key, publish, versioned
 
 
 class NoTrainingData(RuntimeError):

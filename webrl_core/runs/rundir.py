@@ -122,11 +122,6 @@ def write_jsonl_version(rows: list[dict], path: Path, key: str) -> ArtifactRef:
     return ArtifactRef.of(real, "dataset")
 
 
-def read_jsonl(ref: ArtifactRef) -> list[dict]:
-    with open(ref.path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
 def run_identity(run_dir: str | Path) -> str:
     """A UUID stored in the run dir; part of every cache key, so a re-created run dir never reuses stale results."""
     p = Path(run_dir) / ".run-id"

@@ -50,13 +50,12 @@ def cpu_summary() -> str:
 
 def device_summary(device: str) -> str:
     """The machine a figure was measured on: the GPU's name on CUDA ("NVIDIA H200"), else ``cpu_summary()``."""
-    if device.startswith("cuda") or device == "auto":
-        import torch
+    bf16 = _cuda_bf16(device)
+    if bf16 is None:
+        return cpu_summary()
+    import torch
 
-        if torch.cuda.is_available():
-            return f"{torch.cuda.get_device_name()}, bf16" if torch.cuda.is_bf16_supported() else \
-                torch.cuda.get_device_name()
-    return cpu_summary()
+    return f"{torch.cuda.get_device_name()}, bf16" if bf16 else torch.cuda.get_device_name()
 
 
 def _cuda_bf16(device: str) -> bool | None:

@@ -82,3 +82,4 @@ def test_auto_dtype_follows_the_hardware():
     m = ModelsConfig(device="cpu")
     assert m.dtype in ("float32", "bfloat16") and m.dtype_reason.startswith("auto: CPU")
     assert ModelsConfig(dtype="float32").dtype_reason == ""  # an explicit choice is kept as given
+    assert ModelsConfig(dtype="float32").dtype_why == "set by models.dtype"  # and printed as such

@@ -111,7 +111,7 @@ def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int
 
     settings = load_config(config, sets=[f"models.actor={model}", *sets])
     m = settings.models
-    console.print(f"--model {m.actor}: {m.dtype} ({m.dtype_reason}), policy.batch_size={settings.policy.batch_size}, "
+    console.print(f"--model {m.actor}: {m.dtype} ({m.dtype_why}), policy.batch_size={settings.policy.batch_size}, "
                   f"max_new_tokens={settings.policy.max_new_tokens}, temperature={settings.policy.temperature}, "
                   f"env.max_steps={settings.env.max_steps}, batch_wait_s={settings.env.batch_wait_s}; "
                   f"{episodes} timed episodes per n_envs on the embedded test tasks")

@@ -225,6 +225,11 @@ class ModelsConfig(Section):
                              f"made yet: run `{setup_command(v)}`")
         return _existing_path(folder, f"models.{info.field_name}")
 
+    @property
+    def dtype_why(self) -> str:
+        """Why ``dtype`` is what it is, for printing: the auto choice's reason, or that the config set it."""
+        return self.dtype_reason or "set by models.dtype"
+
     @model_validator(mode="after")
     def _resolve_auto_dtype(self) -> ModelsConfig:
         """``dtype: auto`` becomes the concrete dtype the hardware is fast at (``webrl_core.hardware``)."""

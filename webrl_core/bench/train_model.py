@@ -83,7 +83,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
     L, d = shape["layers"], shape["hidden"]
     L_t = min(m.train_layers, L) if m.train_layers else L
     pair_lens = [len(encode_prompt_action(tok, p, a, m.max_length)["input_ids"]) for p, a in pairs]
-    console.print(f"model {folder}: {L} layers, hidden {d}, training the top {L_t}; {m.dtype} ({m.dtype_reason}); "
+    console.print(f"model {folder}: {L} layers, hidden {d}, training the top {L_t}; {m.dtype} ({m.dtype_why}); "
                   f"{len(samples)} samples, median {sorted(pair_lens)[len(pair_lens) // 2]} tokens; "
                   f"{m.dtype} matmul peak {peak / 1e9:.1f} GFLOP/s on {device}, {torch.get_num_threads()} threads")
     rows = []

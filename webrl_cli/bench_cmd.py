@@ -98,11 +98,15 @@ def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/mo
 @app.command("sft-curve")
 def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt/bootstrap/models settings are "
                                                            "measured"),
-                    demos: int = typer.Option(300, help="training tasks the oracle demonstrates (the SFT data); "
-                                                        "with --folder: train on its first DEMOS demonstrations"),
+                    demos: Optional[int] = typer.Option(None, help="training tasks the oracle demonstrates (the SFT "
+                                                                   "data; default 300); with --folder: train on its "
+                                                                   "first DEMOS demonstrations (default: all)"),
                     val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
                     val_steps: int = typer.Option(60, help="validation steps scored greedily at each point"),
                     every: int = typer.Option(40, help="optimizer steps between two points of the curve"),
+                    every_epochs: Optional[float] = typer.Option(None, help="epochs between two points (0.25: a "
+                                                                            "point every quarter epoch); "
+                                                                            "replaces --every"),
                     label: str = typer.Option("", help="name of this recipe in the table, plot and MLflow run"),
                     val_rollouts: int = typer.Option(0, help="after training, greedy rollouts on this many "
                                                              "validation tasks: task success confirms the recipe"),
@@ -121,13 +125,14 @@ def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt
     if folder:
         from webrl_core.bench.sft_curve import run_folder
 
-        run_folder(folder, out, set_, model=model, demos=demos, every=every, label=label, budget_s=budget_s)
+        run_folder(folder, out, set_, model=model, demos=demos, every=every, label=label, budget_s=budget_s,
+                   every_epochs=every_epochs)
         return
     from webrl_core.bench.sft_curve import run
     from webrl_core.config import load_config
 
-    run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, val_steps=val_steps,
-        every=every, out=out, label=label, val_rollouts=val_rollouts, budget_s=budget_s)
+    run(load_config(config, sets=set_), run_dir, demos=300 if demos is None else demos, val_tasks=val_tasks,
+        val_steps=val_steps, every=every, out=out, label=label, val_rollouts=val_rollouts, budget_s=budget_s, every_epochs=every_epochs)
 
 
 @app.command("sft-curve-export")

@@ -28,19 +28,15 @@ for recipe in "${recipes[@]}"; do
   IFS=: read -r label demos batch lr epochs budget extra <<<"$recipe"
   "$py" - "$folder" "$model" "$out/$label" "$label" "$demos" "$batch" "$lr" "$epochs" "$budget" "${extra:-}" \
     "${ACTORS:-/tmp/webrl-sft-curve-actors}/$label" <<'PY'
-import json, math, sys
-from pathlib import Path
+import sys
 
 from webrl_core.bench.sft_curve import run_folder
 
 folder, model, out, label, demos, batch, lr, epochs, budget, extra, actor_dir = sys.argv[1:]
-demos, batch = int(demos), int(batch)
-pairs = sum(json.loads(line)["demo"] < demos for line in Path(folder, "train_pairs.jsonl").open())
-every = max(1, math.ceil(pairs / batch / 4))  # a point every quarter epoch
 sets = ["models.device=cuda", "models.dtype=bfloat16", "policy.batch_size=128", f"actor.batch_size={batch}",
         f"bootstrap.sft_lr={lr}", f"bootstrap.sft_epochs={epochs}",
         *[s for s in extra.split(",") if s]]
-run_folder(folder, out, sets, model=model, demos=demos, every=every, label=label, budget_s=float(budget),
+run_folder(folder, out, sets, model=model, demos=int(demos), every_epochs=0.25, label=label, budget_s=float(budget),
            actor_dir=actor_dir)
 PY
 done

@@ -82,6 +82,13 @@ def test_curve_from_an_exported_folder(tmp_path):
     assert r["train_pairs"] == first and r["demos"] == 1 and r["val_steps"] == 3 and r["budget_s"] == 0
     assert [p["step"] for p in r["points"]] == [0, 1]  # the budget stopped it after one step, measured
     assert r["prompt_format"].startswith("webrl/chat/compact/") and out.with_suffix(".png").stat().st_size > 0
+    res = CliRunner().invoke(app, ["bench", "sft-curve", "--folder", str(folder), "--every-epochs", "0.5",
+                                   "--out", str(out), "--set", "bootstrap.sft_epochs=1",
+                                   "--set", "bootstrap.sft_entity_swap=0"])
+    assert res.exit_code == 0, res.output
+    pairs, k = len(rows), -(-len(rows) // 2)  # batch 1: half an epoch is ceil(pairs / 2) optimizer steps
+    assert [p["step"] for p in json.loads(out.with_suffix(".json").read_text())["points"]] == [0, *range(k, pairs, k),
+                                                                                                pairs]
     (folder / "export.json").unlink()
     res = CliRunner().invoke(app, ["bench", "sft-curve", "--folder", str(folder), "--out", str(out)])
     assert res.exit_code != 0 and "export.json is missing" in str(res.exception)

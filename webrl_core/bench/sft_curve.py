@@ -31,12 +31,14 @@ rollouts on that many validation tasks, scored by the sites' evaluators.
 Portable (a machine without Chromium, the sites or the store, such as a GPU box): ``export`` writes the steps with
 their prompts rendered, each demonstration step with the index of its demonstration, and the settings;
 ``run_folder`` trains on the first K demonstrations of such a folder and measures the same curve there.
-``budget_s`` stops a training after that many training seconds (points every ``every`` steps until then).
+``budget_s`` stops a training after that many training seconds (points every ``every`` steps until then);
+``every_epochs`` counts the points' spacing in epochs of the distinct pairs instead of optimizer steps.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import statistics
@@ -255,9 +257,11 @@ def renderer(settings, tok):
 
 def train_curve(settings, tok, pairs: list[tuple[str, str]], distinct_pairs: int, val: list[tuple[str, str]],
                 base: str | Path, actor_dir: Path, out: Path, head: dict, every: int,
-                budget_s: float | None = None) -> tuple[dict, NextActionCurve, dict]:
+                budget_s: float | None = None,
+                every_epochs: float | None = None) -> tuple[dict, NextActionCurve, dict]:
     """Train ``base`` on ``pairs`` (already shuffled, prompts rendered) with the curve measured on ``val``
-    (prompt, oracle action); returns (the run's head with its data sizes, the curve, sft_train's metrics)."""
+    (prompt, oracle action); returns (the run's head with its data sizes, the curve, sft_train's metrics).
+    ``every_epochs`` places a point every that many epochs of the ``distinct_pairs`` instead of ``every`` steps."""
     from webrl_core.learn.entity_swap import sft_passes
     from webrl_core.learn.models import encode_prompt_action
     from webrl_core.learn.training import actor_micro_batches, sft_train
@@ -266,6 +270,10 @@ def train_curve(settings, tok, pairs: list[tuple[str, str]], distinct_pairs: int
     lengths = [len(encode_prompt_action(tok, p, a, settings.models.max_length)["input_ids"]) for p, a in train_pairs]
     prompt_tokens = [len(tok(p)["input_ids"]) for p, _ in val]
     micro, accum = actor_micro_batches(settings)
+    if every_epochs is not None:
+        if every_epochs <= 0:
+            raise ValueError(f"bench sft-curve --every-epochs {every_epochs}: must be > 0")
+        every = max(1, math.ceil(distinct_pairs * every_epochs / (micro * accum)))
     out.parent.mkdir(parents=True, exist_ok=True)
     jsonl = out.with_suffix(".jsonl")
     jsonl.unlink(missing_ok=True)
@@ -295,7 +303,8 @@ def _title(head: dict, settings) -> str:
 
 
 def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: int, every: int,
-        out: str | Path, label: str = "", val_rollouts: int = 0, budget_s: float | None = None) -> list[dict]:
+        out: str | Path, label: str = "", val_rollouts: int = 0, budget_s: float | None = None,
+        every_epochs: float | None = None) -> list[dict]:
     """Collect (or reuse) the steps, render prompts in ``settings.prompt``'s format, train with the curve; with
     ``val_rollouts``, confirm the trained actor by task success on that many validation tasks."""
     import torch
@@ -322,7 +331,7 @@ def run(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps: in
         t0 = time.perf_counter()
         head, curve, metrics = train_curve(settings, tok, pairs, len(train), [(render(s), s["action"]) for s in val],
                                            ArtifactRef.of(settings.models.actor, "model").path, actor_dir, out,
-                                           head, every, budget_s)
+                                           head, every, budget_s, every_epochs)
         tracking.log_metrics({k: v for k, v in head.items() if isinstance(v, (int, float))})
         confirmed = confirm(settings, run_dir, actor_dir, demo_intents, val_rollouts) if val_rollouts else {}
         tracking.log_metrics({k: v for k, v in confirmed.items()})
@@ -365,7 +374,8 @@ def export(settings, run_dir: str | Path, demos: int, val_tasks: int, val_steps:
 
 def run_folder(folder: str | Path, out: str | Path, sets: list[str] = (), model: str | None = None,
                demos: int | None = None, every: int = 40, label: str = "",
-               budget_s: float | None = None, actor_dir: str | Path | None = None) -> list[dict]:
+               budget_s: float | None = None, actor_dir: str | Path | None = None,
+               every_epochs: float | None = None) -> list[dict]:
     """The curve from an ``export`` folder: the SFT of ``model`` (default: the folder settings' ``models.actor``)
     on the steps of the folder's first ``demos`` demonstrations (all by default), measured on its validation
     steps. ``sets`` override the folder's settings (``models.device=cuda``, ``bootstrap.sft_epochs=4``). The trained
@@ -399,7 +409,7 @@ def run_folder(folder: str | Path, out: str | Path, sets: list[str] = (), model:
     t0 = time.perf_counter()
     head, curve, metrics = train_curve(settings, load_tokenizer(base), pairs, len(pairs), val, base,
                                        Path(actor_dir or out.parent / f"{out.name}-actor"), out, head, every,
-                                       budget_s)
+                                       budget_s, every_epochs)
     plot(curve.points, out.with_suffix(".png"), _title(head, settings))
     return _finish(head, curve, metrics, out, t0, {})["points"]
 

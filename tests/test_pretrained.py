@@ -74,12 +74,18 @@ def test_a_missing_model_names_the_command_that_makes_it(tmp_path, monkeypatch):
         load_config("demo", [], [f"models.actor={SMOL}"])
 
 
-def test_auto_dtype_follows_the_hardware():
+def test_auto_dtype_follows_the_hardware(monkeypatch):
     assert auto_dtype("cpu", frozenset({"avx2", "amx_bf16", "amx_tile"}))[0] == "bfloat16"
     assert auto_dtype("cpu", frozenset({"avx512f", "avx512_bf16"}))[0] == "bfloat16"
     dtype, why = auto_dtype("cpu", frozenset({"avx2", "fma"}))
     assert dtype == "float32" and "emulated" in why
-    m = ModelsConfig(device="cpu")
+    m = ModelsConfig(device="cpu")  # the suite fixes the CPU's choice (tests/conftest.py)
+    assert m.dtype == "float32" and m.dtype_reason == "auto: WEBRL_CPU_DTYPE=float32"
+    monkeypatch.delenv("WEBRL_CPU_DTYPE")
+    m = ModelsConfig(device="cpu")  # without it: this box's flags
     assert m.dtype in ("float32", "bfloat16") and m.dtype_reason.startswith("auto: CPU")
+    monkeypatch.setenv("WEBRL_CPU_DTYPE", "float16")
+    with pytest.raises(ValueError, match="WEBRL_CPU_DTYPE='float16'"):
+        ModelsConfig(device="cpu")
     assert ModelsConfig(dtype="float32").dtype_reason == ""  # an explicit choice is kept as given
     assert ModelsConfig(dtype="float32").dtype_why == "set by models.dtype"  # and printed as such

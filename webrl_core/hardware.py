@@ -71,11 +71,21 @@ def _cuda_bf16(device: str) -> bool | None:
     return bool(torch.cuda.is_bf16_supported())
 
 
+CPU_DTYPE_ENV = "WEBRL_CPU_DTYPE"
+"""Environment variable that fixes ``auto``'s CPU choice (``float32`` or ``bfloat16``) whatever the flags: the test
+suite sets ``float32`` so that its exact comparisons mean the same on every box (tests/conftest.py)."""
+
+
 def auto_dtype(device: str = "auto", flags: frozenset[str] | None = None) -> tuple[str, str]:
     """(dtype name, why) for ``models.dtype: auto`` on ``models.device``."""
     cuda = _cuda_bf16(device)
     if cuda is not None:
         return ("bfloat16", "CUDA GPU with bf16") if cuda else ("float16", "CUDA GPU without bf16")
+    forced = os.environ.get(CPU_DTYPE_ENV)
+    if forced and flags is None:
+        if forced not in ("float32", "bfloat16"):
+            raise ValueError(f"{CPU_DTYPE_ENV}={forced!r}: expected float32 or bfloat16")
+        return forced, f"{CPU_DTYPE_ENV}={forced}"
     have = sorted(set(BF16_CPU_FLAGS) & (cpu_flags() if flags is None else flags))
     if have:
         return "bfloat16", f"CPU has {', '.join(have)}"

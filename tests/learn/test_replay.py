@@ -49,6 +49,19 @@ def test_inverse_perplexity_matches_hand_and_official(model):
     assert all(0 < s < 1 for s in ours)
 
 
+def test_inverse_perplexity_of_a_bf16_model(model):
+    """A model loaded in bf16 (models.dtype auto on an AVX512-BF16/AMX CPU or a GPU) scores too, in float32 sums,
+    close to its float32 weights' scores."""
+    import copy
+
+    m, tok = model
+    ps = pairs(5)
+    half = copy.deepcopy(m).to(torch.bfloat16)
+    ours = inverse_perplexity(half, tok, ps, 512, batch_size=2)
+    assert all(isinstance(s, float) and 0 < s < 1 for s in ours)
+    assert ours == pytest.approx(inverse_perplexity(m, tok, ps, 512, batch_size=2), rel=0.05)
+
+
 def test_window_and_cap_hand_computed():
     rows = [{"episode_id": f"e{i}", "idx": 0, "intent": f"t{i}"} for i in range(8)]
     scores = [0.5, 0.50001, 0.7, 0.95, 0.950001, 0.2, 0.9, 1.0]

@@ -63,9 +63,10 @@ def inverse_perplexity(model, tok, pairs: Sequence[tuple[str, str]], max_length:
         # position t predicts token t+1; row r's action tokens are its last n_act[r] columns
         rows = torch.cat([torch.full((n,), r, dtype=torch.long) for r, n in enumerate(n_act)]).to(device)
         tgt_pos = torch.cat([torch.arange(width - n, width) for n in n_act]).to(device)
-        logp = torch.log_softmax(head_logits(model, hidden[rows, tgt_pos - 1]), dim=-1)
+        # float32 sums whatever the model's dtype (a bf16 model on an AVX512-BF16 CPU or a GPU)
+        logp = torch.log_softmax(head_logits(model, hidden[rows, tgt_pos - 1]).float(), dim=-1)
         tok_logp = logp.gather(1, ids[rows, tgt_pos].unsqueeze(1)).squeeze(1)
-        sums = torch.zeros(len(chunk), device=device).index_add_(0, rows, tok_logp)
+        sums = torch.zeros(len(chunk), device=device, dtype=torch.float32).index_add_(0, rows, tok_logp)
         for r, i in enumerate(chunk):
             out[i] = math.exp(sums[r].item() / n_act[r])
     return out

@@ -51,13 +51,19 @@ def test_inverse_perplexity_matches_hand_and_official(model):
 
 def test_inverse_perplexity_of_a_bf16_model(model):
     """A model loaded in bf16 (models.dtype auto on an AVX512-BF16/AMX CPU or a GPU) scores too, in float32 sums,
-    close to its float32 weights' scores."""
+    close to its float32 weights' scores, even where the process's default dtype was left at bf16 (as in the phase
+    flow on such a box)."""
     import copy
 
     m, tok = model
     ps = pairs(5)
     half = copy.deepcopy(m).to(torch.bfloat16)
-    ours = inverse_perplexity(half, tok, ps, 512, batch_size=2)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        ours = inverse_perplexity(half, tok, ps, 512, batch_size=2)
+    finally:
+        torch.set_default_dtype(default)
     assert all(isinstance(s, float) and 0 < s < 1 for s in ours)
     assert ours == pytest.approx(inverse_perplexity(m, tok, ps, 512, batch_size=2), rel=0.05)
 

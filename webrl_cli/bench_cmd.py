@@ -132,7 +132,8 @@ def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt
     from webrl_core.config import load_config
 
     run(load_config(config, sets=set_), run_dir, demos=300 if demos is None else demos, val_tasks=val_tasks,
-        val_steps=val_steps, every=every, out=out, label=label, val_rollouts=val_rollouts, budget_s=budget_s, every_epochs=every_epochs)
+        val_steps=val_steps, every=every, out=out, label=label, val_rollouts=val_rollouts, budget_s=budget_s,
+        every_epochs=every_epochs)
 
 
 @app.command("sft-curve-export")

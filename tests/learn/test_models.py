@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -81,6 +83,31 @@ def test_dtype_and_trainable(tok_dir, tmp_path):
     assert {p.dtype for p in ml.parameters() if not p.requires_grad} == {torch.bfloat16}
     counts = count_parameters(ml)
     assert counts["trainable_params"] == sum(p.numel() for n, p in ml.named_parameters() if "lora_" in n)
+
+
+def test_concurrent_bf16_loads_leave_the_default_dtype(tok_dir, tmp_path):
+    """Rollout shards load their models in threads at once; transformers sets torch's process-wide default dtype
+    during a load, so unserialised bf16 loads left the process at bf16 (and float32 code after them got bf16)."""
+    out = build_embedded_model(tok_dir, tiny("llama"), tmp_path / "m")
+    assert torch.get_default_dtype() == torch.float32
+    errors = []
+
+    def load():
+        try:
+            for _ in range(5):
+                load_causal_lm(out, ModelsConfig(dtype="bfloat16"))
+        except Exception as e:  # noqa: BLE001 -- surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert not errors and torch.get_default_dtype() == torch.float32
+    finally:
+        torch.set_default_dtype(torch.float32)  # never leak a failure's bf16 into later tests
 
 
 def test_fresh_lora_adapter_on_a_merged_folder_is_the_phase_start_actor(tok_dir, tmp_path):

@@ -47,8 +47,9 @@ import torch.nn.functional as F
 from rich.progress import track
 from torch import nn
 
-from webrl_core.learn.models import (apply_lora, count_parameters, enable_checkpointing, encode_prompt, left_pad,
-                               load_tokenizer, resolve_device, torch_dtype, train_top_layers, upcast_trainable)
+from webrl_core.learn.models import (apply_lora, count_parameters, enable_checkpointing, encode_prompt,
+                               from_pretrained, left_pad, load_tokenizer, resolve_device, torch_dtype,
+                               train_top_layers, upcast_trainable)
 
 CRITIC_JSON = "critic.json"
 HEADS_FILE = "heads.safetensors"
@@ -90,7 +91,7 @@ def load_backbone(folder: str | Path, dtype: str | torch.dtype):
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        return AutoModel.from_pretrained(str(folder), dtype=resolve_dtype(dtype))
+        return from_pretrained(AutoModel, folder, dtype=resolve_dtype(dtype))
     finally:
         hf_logging.set_verbosity(level)
 

@@ -162,9 +162,11 @@ class HFGenerator(ChatGenerator):
     def complete(self, prompt: str) -> str:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from webrl_core.learn.models import from_pretrained
+
         if not hasattr(self, "_model"):
             self._tok = AutoTokenizer.from_pretrained(self.model_dir)
-            self._model = AutoModelForCausalLM.from_pretrained(self.model_dir)
+            self._model = from_pretrained(AutoModelForCausalLM, self.model_dir)
         tok, model = self._tok, self._model
         if getattr(tok, "chat_template", None):
             ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,

@@ -47,6 +47,7 @@ import copy
 import json
 import os
 import struct
+import threading
 from pathlib import Path
 from typing import Iterable
 
@@ -258,6 +259,19 @@ def load_tokenizer(path: str | os.PathLike):
     return tok
 
 
+# transformers builds a model under torch's process-wide default dtype set to the load's dtype and then restores
+# the default it found (modeling_utils.local_torch_dtype). Two threads loading at once (a flow's concurrent rollout
+# shards) each restore what the other set, and the process is left at bf16. Loads therefore go one at a time.
+_FROM_PRETRAINED = threading.Lock()
+
+
+def from_pretrained(auto_class, folder: str | os.PathLike, **kwargs):
+    """``auto_class.from_pretrained(folder, **kwargs)``, one thread at a time, so that concurrent loads leave
+    ``torch.get_default_dtype()`` as it was."""
+    with _FROM_PRETRAINED:
+        return auto_class.from_pretrained(str(folder), **kwargs)
+
+
 def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool = False):
     """A causal LM on ``cfg.device``. Frozen (default): in ``cfg.dtype``, eval mode, ``requires_grad=False``.
     Trainable: train mode, gradient checkpointing and LoRA by config, loaded in :func:`training_dtype` -- float32
@@ -268,7 +282,7 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
     p = _check_folder(path, "model")
     dtype = training_dtype(cfg) if trainable else torch_dtype(cfg.dtype)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(p), dtype=dtype)
+        model = from_pretrained(AutoModelForCausalLM, p, dtype=dtype)
     except Exception as e:  # a broken folder surfaces as OSError, ValueError, SafetensorError, ...: name it
         if isinstance(e, (MemoryError, KeyboardInterrupt)) or type(e).__name__ == "OutOfMemoryError":
             raise

@@ -134,7 +134,9 @@ def seq_flops(lengths: list[int], n: int, layers: int, d: int, train: bool) -> f
 def _flop_params(model_dir: Path) -> tuple[int, int]:
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    from webrl_core.learn.models import from_pretrained
+
+    m = from_pretrained(AutoModelForCausalLM, model_dir)
     total = n_params(m)
     return total, total - m.get_input_embeddings().weight.numel()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from webrl_core.compact_page import compact_page
-from webrl_core.prompts import PromptFormat, build_prompt
+from webrl_core.prompts import BOS, ORM_SYSTEM, PromptFormat, build_orm_prompt, build_prompt
 
 PAGE = ('<body> <header> <a id="0"> Shop </a> <form> <input id="1" type="text" placeholder="Search"/> '
         '<button id="2" type="submit"> Go </button> </form> </header> <main> <h1> Orders </h1> <tbody> '
@@ -79,3 +79,23 @@ def test_chat_format_renders_through_the_models_template():
     assert prompt.endswith("[0] Shop\n\nTask: Buy a lamp<|im_end|>\n<|im_start|>assistant\n")
     assert prompt.count("<|im_start|>assistant\n") == 2  # one past round, then the generation prompt
     assert fmt.key.startswith("webrl/chat/compact/")
+
+
+def test_orm_prompt_reads_the_end_state_as_the_actor_reads_its_pages():
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    html = '<body> <a id="0"> Shop </a> <p> Order placed </p> </body>'
+    responses = ['# Element: Shop\ndo(action="Click", element="0")', 'exit(message="Done")']
+    assert build_orm_prompt("Buy a lamp", responses, html, compat=PromptFormat()) == \
+        build_orm_prompt("Buy a lamp", responses, html)  # the default layout is unchanged
+    compact = build_orm_prompt("Buy a lamp", responses, html, compat=PromptFormat(observation="compact"))
+    assert "[0] Shop\nOrder placed" in compact and "<a id" not in compact and compact.startswith(BOS)
+    fmt = PromptFormat(style="chat", observation="compact", chat_template=template)
+    chat = build_orm_prompt("Buy a lamp", responses, html, compat=fmt)
+    assert chat.startswith(f"<|im_start|>system\n{ORM_SYSTEM}<|im_end|>\n<|im_start|>user\nThe User Intent:\nBuy a lamp")
+    assert "Action History:\n# Element: Shop; do(action=\"Click\", element=\"0\")\nexit(message=\"Done\")" in chat
+    assert chat.endswith("The Current Screenshot:\n[0] Shop\nOrder placed<|im_end|>\n<|im_start|>assistant\n")
+    assert "<|eot_id|>" not in chat and "<|start_header_id|>" not in chat
+    cut = build_orm_prompt("Buy a lamp", responses, html * 50, max_chars=len(chat), compat=fmt)
+    assert len(cut) <= len(chat) and "The Current Screenshot:\n[0] Shop" in cut  # the page is cut, not the question
+    assert cut.endswith("<|im_end|>\n<|im_start|>assistant\n")

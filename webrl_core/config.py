@@ -313,6 +313,10 @@ class OrmConfig(Section):
     lr: float = Field(5e-4, gt=0, description="ORM learning rate (embedded tiny model; 5e-6 for 8B as in the paper)")
     batch_size: int = Field(8, ge=1, description="ORM training/scoring micro-batch")
     eval_fraction: float = Field(0.2, ge=0, lt=1, description="held-out share for ORM accuracy/precision/recall")
+    positives: Literal["policy_first", "any"] = Field(
+        "policy_first", description="which YES examples the class balance keeps: policy_first, the policies' own "
+        "successes first and oracle demonstrations only to fill up (an ORM whose YES side is all demonstrations "
+        "learns who acted: docs/results.md); any: a uniform draw over all successes")
 
 
 class RewardConfig(Section):

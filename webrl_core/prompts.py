@@ -28,7 +28,9 @@ untouched:
 
 ORM prompt: a system text, then ``The User Intent:`` / ``Action History:`` (one line per raw response,
 internal newlines folded to "; ") / ``The Current Screenshot:`` + the HTML of the last step; the HTML
-is cut so the whole prompt fits ``max_html_chars``; the question is never cut. The model answers YES/NO.
+is cut so the whole prompt fits ``max_html_chars``; the question is never cut. The model answers YES/NO. With
+the run's ``PromptFormat`` the ORM reads the end state as the actor reads its pages: the compact page, and with
+``style: chat`` the system text and the question as turns of the model's own chat template.
 
 Two formats (``prompt.compat``; every builder takes ``compat=``, default ``"webrl"``):
 
@@ -336,14 +338,24 @@ def fold_response(response: str) -> str:
 
 
 def build_orm_prompt(intent: str, responses: list[str], final_html: str, max_chars: int = 12000, *,
-                     compat: str = "webrl") -> str:
-    """ORM input (the outcome-supervised reward model, paper Sec. 3.2), Llama-3 style headers built by hand; the HTML
-    is cut, never the question. ``compat="official"``: the released ORM's exact input (see module docstring)."""
-    if check_compat(compat) == "official":
-        return _official_orm(intent, responses, final_html, max_chars)
+                     compat: str | PromptFormat = "webrl") -> str:
+    """ORM input (the outcome-supervised reward model, paper Sec. 3.2); the page is cut, never the question.
+    ``compat``: a compat name, the completion layout on HTML with Llama-3 style headers built by hand
+    ("official": the released ORM's exact input), or a ``PromptFormat``: its observation (the compact page) is
+    what the ORM reads of the end state, and a framed format (``style: chat``) renders the same system text and
+    question through the model's own chat template, as the actor reads its pages."""
+    fmt = as_format(compat)
+    page = fmt.page(final_html)
+    if fmt.compat == "official":
+        return _official_orm(intent, responses, page, max_chars)
     history = "\n".join(fold_response(r) for r in responses)
-    head = (f"{BOS}{SYSTEM_HEADER}\n\n{ORM_SYSTEM}{EOT}<|start_header_id|>user<|end_header_id|>\n\n"
-            f"The User Intent:\n{intent}\n\nAction History:\n{history}\n\nThe Current Screenshot:\n")
+    question = f"The User Intent:\n{intent}\n\nAction History:\n{history}\n\nThe Current Screenshot:\n"
+    if fmt.framed:
+        def framed(shown: str) -> str:
+            return render_chat(fmt, [{"role": "system", "content": ORM_SYSTEM},
+                                     {"role": "user", "content": question + shown}])
+        return framed(page[:max(0, max_chars - len(framed("")))])
+    head = f"{BOS}{SYSTEM_HEADER}\n\n{ORM_SYSTEM}{EOT}<|start_header_id|>user<|end_header_id|>\n\n{question}"
     tail = f"{EOT}<|start_header_id|>assistant<|end_header_id|>\n\n"
     room = max(0, max_chars - len(head) - len(tail))
-    return head + final_html[:room] + tail
+    return head + page[:room] + tail

@@ -38,7 +38,7 @@ from webrl_core.config import ModelsConfig, OrmConfig
 from webrl_core.learn.models import (ORM_ANSWER_TOKENS, encode_prompt, encode_prompt_action, head_logits,
                                last_hidden_states, left_pad, load_causal_lm, load_tokenizer, position_ids_from_mask,
                                resolve_device, save_model, trainer_precision_args, unwrap)
-from webrl_core.prompts import build_orm_prompt, check_compat
+from webrl_core.prompts import PromptFormat, as_format, build_orm_prompt
 from webrl_core.runs import loss_history
 
 
@@ -68,10 +68,11 @@ def answer_token_ids(tok) -> tuple[int, int]:
 
 
 def orm_prompt_for_episode(episode: Mapping, steps: Sequence[Mapping], max_html_chars: int = 12000, *,
-                           compat: str = "webrl") -> str:
+                           compat: str | PromptFormat = "webrl") -> str:
     """The ORM prompt of one stored episode (steps in idx order; final HTML = the last step's observation);
-    ``compat``: the prompt format, "webrl" or "official" (the released ORM's input, ``webrl_core.prompts``)."""
-    check_compat(compat)
+    ``compat``: the prompt format, "webrl", "official" (the released ORM's input) or the run's ``PromptFormat``
+    (``webrl_core.prompts.build_orm_prompt``)."""
+    compat = as_format(compat)
     if not steps:
         raise ValueError(f"episode {episode.get('episode_id')!r} has no steps; the ORM needs at least one")
     ordered = sorted(steps, key=lambda s: s["idx"])
@@ -150,10 +151,11 @@ class OrmScorer:
 
 def orm_examples_from_episodes(episodes: Sequence[Mapping], steps_by_episode: Mapping[str, Sequence[Mapping]],
                                labels: Mapping[str, bool] | Sequence[bool],
-                               max_html_chars: int = 12000, *, compat: str = "webrl") -> list[dict]:
+                               max_html_chars: int = 12000, *, compat: str | PromptFormat = "webrl") -> list[dict]:
     """(prompt, "YES"/"NO") pairs; labels by episode_id (a mapping) or aligned with ``episodes`` (a sequence).
-    Episodes without steps or without a label are skipped. ``compat``: the prompt format ("webrl"/"official")."""
-    check_compat(compat)
+    Episodes without steps or without a label are skipped. ``compat``: the prompt format, as
+    ``orm_prompt_for_episode``."""
+    compat = as_format(compat)
     out = []
     for i, ep in enumerate(episodes):
         label = labels.get(ep["episode_id"]) if isinstance(labels, Mapping) else labels[i]

@@ -18,7 +18,7 @@ from webrl_core.learn.models import build_embedded_model, train_embedded_tokeniz
 from webrl_core.learn.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
 from webrl_core.pipeline.experience import numeric
 from webrl_core.pipeline.stage import stage
-from webrl_core.prompts import build_orm_prompt
+from webrl_core.prompts import build_orm_prompt, prompt_format
 from webrl_core.learn.sft_data import demonstration_episodes, read_demonstrations
 from webrl_core.sites.data import entity_names
 from webrl_core.runs.rundir import output_key, publish, versioned
@@ -37,7 +37,7 @@ def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
         texts += [s["prompt"] + s["response"] for s in steps]
         if steps:
             texts.append(build_orm_prompt(e["intent"], [s["response"] for s in steps], steps[-1]["html"] or "",
-                                          settings.orm.max_html_chars, compat=settings.prompt.compat) + "YES NO")
+                                          settings.orm.max_html_chars, compat=prompt_format(settings)) + "YES NO")
     out = Path(run_dir) / "models" / "tokenizer"
     real = versioned(out, output_key(settings, json.dumps(demos["episode_ids"])))
     entities = entity_names(settings.sites.data_seed) if settings.models.embedded.entity_tokens else []
@@ -107,8 +107,10 @@ def train_orm(settings, run_dir: str, rollouts: list[dict], base_ref: ArtifactRe
     eps, by_ep = TrajectoryStore(run_dir).finished_episodes(ids)
     labels = {e["episode_id"]: is_success(e.get("env_score")) for e in eps}
     examples = orm_examples_from_episodes(eps, by_ep, labels, settings.orm.max_html_chars,
-                                          compat=settings.prompt.compat)
-    examples = balance_classes(examples, seed=settings.run.seed)
+                                          compat=prompt_format(settings))
+    fillers = {e["episode_id"] for e in eps if e.get("purpose") == "oracle"} \
+        if settings.orm.positives == "policy_first" else set()
+    examples = balance_classes(examples, seed=settings.run.seed, fill_only=fillers)
     train, held = split_examples(examples, settings.orm.eval_fraction, seed=settings.run.seed)
     out = Path(run_dir) / "models" / "phase=0" / "orm"
     real = versioned(out, output_key(settings, base_ref, json.dumps(ids)))
@@ -122,16 +124,26 @@ def train_orm(settings, run_dir: str, rollouts: list[dict], base_ref: ArtifactRe
     return ArtifactRef.of(real, "model"), metrics
 
 
-def balance_classes(examples: list[dict], seed: int) -> list[dict]:
+def balance_classes(examples: list[dict], seed: int, fill_only: set[str] = frozenset()) -> list[dict]:
     """Subsample the majority label so YES and NO are equally frequent: with the oracle demos the raw data is
-    mostly YES, and an ORM trained on it learns the prior (P(YES) above 0.5 for everything)."""
+    mostly YES, and an ORM trained on it learns the prior (P(YES) above 0.5 for everything). Episodes in
+    ``fill_only`` (the oracle's, with ``orm.positives: policy_first``) are drawn only once the others of their
+    label are used up: an ORM whose YES examples are all demonstrations learns who acted, not what was done."""
+    rng = random.Random(seed)
     yes = [e for e in examples if e["completion"] == "YES"]
     no = [e for e in examples if e["completion"] != "YES"]
     n = min(len(yes), len(no))
     if n == 0:
         return examples
-    rng = random.Random(seed)
-    return sorted(rng.sample(yes, n) + rng.sample(no, n), key=lambda e: e["episode_id"])
+
+    def draw(items: list[dict]) -> list[dict]:
+        first = [e for e in items if e["episode_id"] not in fill_only]
+        rest = [e for e in items if e["episode_id"] in fill_only]
+        if len(first) >= n:
+            return rng.sample(first, n)
+        return first + rng.sample(rest, n - len(first))
+
+    return sorted(draw(yes) + draw(no), key=lambda e: e["episode_id"])
 
 
 @stage("run", "models", "critic")

@@ -130,7 +130,7 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
         pages = start_page_html(settings, cands)
         scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
         p = scorer.p_yes([build_orm_prompt(t["intent"], [], pages.get(t["start_url"], ""), settings.orm.max_html_chars,
-                                           compat=settings.prompt.compat)
+                                           compat=prompt_format(settings))
                           for t in cands])
         kept, dropped = filter_by_value(cands, [(x, x, x) for x in p], cur.filter_low, cur.filter_high)
     else:

@@ -178,6 +178,7 @@ def _recompute(run: Path, f: dict) -> dict:
     """Recompute the phase's data-dependent outputs from the run's own stored episodes and compare."""
     from webrl_core.config import load_config
     from webrl_core.learn.orm import OrmScorer, orm_prompt_for_episode
+    from webrl_core.prompts import prompt_format
     from webrl_core.experiments.reproduce import reproduce_phase
     from webrl_core.runs.store import TrajectoryStore
 
@@ -197,7 +198,8 @@ def _recompute(run: Path, f: dict) -> dict:
     eps = [e for e in eps if by_ep.get(e["episode_id"])]
     orm = model_ref(run, 0, "orm")
     p = OrmScorer(orm.path, s.orm, s.models).p_yes(
-        [orm_prompt_for_episode(e, by_ep[e["episode_id"]], s.orm.max_html_chars) for e in eps])
+        [orm_prompt_for_episode(e, by_ep[e["episode_id"]], s.orm.max_html_chars, compat=prompt_format(s))
+         for e in eps])
     off = [e["episode_id"] for e, x in zip(eps, p) if e["orm_score"] is None or abs(e["orm_score"] - float(x)) > 1e-6]
     if off:
         why.append(f"{len(off)} ORM label(s) differ from a re-scoring")

@@ -2,7 +2,8 @@
 model, arXiv 2411.02337).
 
 Input: exactly ``prompts.build_orm_prompt(intent, responses, final_html, max_html_chars, compat=...)`` (``compat``:
-"webrl", our wording, or "official", the released WebRL ORM's exact input) -- the HTML is cut to the
+"webrl", our wording, "official", the released WebRL ORM's exact input, or the run's ``PromptFormat``: the end
+state as the actor reads its pages, compact and through the model's chat template) -- the page is cut to the
 character budget and, if the token count still exceeds ``models.max_length``, the end of the HTML is cut again at
 token level (``models.encode_prompt``); the question and the closing assistant header are never cut. ``final_html``
 is the observation of the last step (the page on which the agent issued its last action), as in the official code.

@@ -31,13 +31,13 @@ def build_tokenizer(settings, run_dir: str, demos: dict) -> ArtifactRef:
     """Byte-level BPE on the run's own corpus: demo prompts/actions and ORM prompts; with
     ``models.embedded.entity_tokens`` the embedded sites' entity names are whole tokens."""
     eps, by_ep = TrajectoryStore(run_dir).finished_episodes(demos["episode_ids"])
-    texts = []
+    texts, fmt = [], prompt_format(settings)
     for e in eps:
         steps = by_ep.get(e["episode_id"], [])
         texts += [s["prompt"] + s["response"] for s in steps]
         if steps:
             texts.append(build_orm_prompt(e["intent"], [s["response"] for s in steps], steps[-1]["html"] or "",
-                                          settings.orm.max_html_chars, compat=prompt_format(settings)) + "YES NO")
+                                          settings.orm.max_html_chars, compat=fmt) + "YES NO")
     out = Path(run_dir) / "models" / "tokenizer"
     real = versioned(out, output_key(settings, json.dumps(demos["episode_ids"])))
     entities = entity_names(settings.sites.data_seed) if settings.models.embedded.entity_tokens else []

@@ -127,9 +127,9 @@ def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: Artif
     store = TrajectoryStore(run_dir)
     eps, by_ep = store.finished_episodes(rollouts["episode_ids"])
     eps = [e for e in eps if by_ep.get(e["episode_id"])]
-    scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
-    p = scorer.p_yes([orm_prompt_for_episode(e, by_ep[e["episode_id"]], settings.orm.max_html_chars,
-                                              compat=prompt_format(settings)) for e in eps])
+    scorer, fmt = OrmScorer(orm_ref.path, settings.orm, settings.models), prompt_format(settings)
+    p = scorer.p_yes([orm_prompt_for_episode(e, by_ep[e["episode_id"]], settings.orm.max_html_chars, compat=fmt)
+                      for e in eps])
     thr = settings.orm.threshold
     truth = [env_label(e) for e in eps]  # None: unscored (no judge for its task), left out of the agreement
     pred = [bool(x >= thr) for x in p]

@@ -113,11 +113,11 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
     cands = read_json(candidates_ref)
     cc, cur = settings.critic, settings.curriculum
     how = "critic"
+    fmt = prompt_format(settings)
     if not cands:
         kept, dropped = [], []
     elif trained_critic and critic_ref is not None:
         pages = start_page_html(settings, cands)
-        fmt = prompt_format(settings)
         prompts = [round0_prompt(t["intent"], pages.get(t["start_url"], ""), settings.env.obs_char_budget,
                                  compat=fmt)
                    for t in cands]
@@ -130,7 +130,7 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
         pages = start_page_html(settings, cands)
         scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
         p = scorer.p_yes([build_orm_prompt(t["intent"], [], pages.get(t["start_url"], ""), settings.orm.max_html_chars,
-                                           compat=prompt_format(settings))
+                                           compat=fmt)
                           for t in cands])
         kept, dropped = filter_by_value(cands, [(x, x, x) for x in p], cur.filter_low, cur.filter_high)
     else:

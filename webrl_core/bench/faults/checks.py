@@ -197,9 +197,9 @@ def _recompute(run: Path, f: dict) -> dict:
     eps, by_ep = store.finished_episodes(ids)
     eps = [e for e in eps if by_ep.get(e["episode_id"])]
     orm = model_ref(run, 0, "orm")
+    fmt = prompt_format(s)
     p = OrmScorer(orm.path, s.orm, s.models).p_yes(
-        [orm_prompt_for_episode(e, by_ep[e["episode_id"]], s.orm.max_html_chars, compat=prompt_format(s))
-         for e in eps])
+        [orm_prompt_for_episode(e, by_ep[e["episode_id"]], s.orm.max_html_chars, compat=fmt) for e in eps])
     off = [e["episode_id"] for e, x in zip(eps, p) if e["orm_score"] is None or abs(e["orm_score"] - float(x)) > 1e-6]
     if off:
         why.append(f"{len(off)} ORM label(s) differ from a re-scoring")

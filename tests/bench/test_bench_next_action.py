@@ -47,6 +47,7 @@ def test_each_phase_and_a_named_model_on_the_same_steps(tmp_path):
     assert [row["label"] for row in r["rows"]] == ["SFT (phase 0)", "phase 1", "smollm2-135m-instruct"]
     marks = [{k: row[k] for k in ("exact", "element", "typed_args", "well_formed", "exact_n")} for row in r["rows"]]
     assert marks[0] == marks[1] == marks[2] and marks[0]["exact_n"] == 3 == r["val_steps"]
+    assert sum(m["exact_n"] for m in r["rows"][0]["by_site"].values()) == 3 and "unknown" not in r["rows"][0]["by_site"]
     assert all(0 <= row["exact"] <= row["well_formed"] <= 1 for row in r["rows"])
     assert out.with_suffix(".png").stat().st_size > 0 and " cores, " in r["cpu"]
 
@@ -54,3 +55,20 @@ def test_each_phase_and_a_named_model_on_the_same_steps(tmp_path):
     (empty / "models").mkdir(parents=True)
     res = CliRunner().invoke(app, ["bench", "next-action", "--run", str(empty), "--out", str(out), *common])
     assert isinstance(res.exception, MissingInput) and "no published actor under" in str(res.exception)
+
+
+def test_marks_per_site_partition_the_steps():
+    """Per-site marks count each step once, under its task's site; the overall share is their weighted mean."""
+    from webrl_core.bench.next_action import by_site
+    from webrl_core.bench.sft_curve import score
+
+    click = 'do(action="Click", element="{}")'
+    steps = [{"site": "reddit", "action": click.format(11)}, {"site": "reddit", "action": click.format(12)},
+             {"site": "gitlab", "action": click.format(3)}, {"action": click.format(4)}]
+    marks = [score(click.format(16), steps[0]["action"]), score(click.format(12), steps[1]["action"]),
+             score(click.format(3), steps[2]["action"]), score(click.format(4), steps[3]["action"])]
+    sites = by_site(marks, steps)
+    assert sorted(sites) == ["gitlab", "reddit", "unknown"]
+    assert (sites["reddit"]["exact"], sites["reddit"]["exact_n"]) == (0.5, 2)
+    assert (sites["gitlab"]["exact"], sites["unknown"]["exact"]) == (1.0, 1.0)
+    assert sum(m["exact"] * m["exact_n"] for m in sites.values()) == 3

@@ -51,3 +51,17 @@ def test_augment_pairs_passes_and_probability(swapper):
     assert augment_pairs(pairs, swapper, 1, 0.5, seed=1) == augment_pairs(pairs, swapper, 1, 0.5, seed=1)
     with pytest.raises(ValueError, match="probability"):
         augment_pairs(pairs, swapper, 1, 1.5, seed=1)
+
+
+def test_a_page_listing_every_name_of_a_kind_gets_a_permutation(swapper):
+    """The forum list names all 12 forums of the reddit clone: σ must permute them, so every swapped list still
+    has one line per forum and the clicked id still belongs to the name the action's comment writes."""
+    forums = swapper.by_kind[swapper.kinds["movies"]]
+    page = "\n".join(f"[{i + 6}] {f} 24 submissions" for i, f in enumerate(forums))
+    action = '# Element: movies\ndo(action="Click", element="{}")'.format(6 + forums.index("movies"))
+    for seed in range(200):
+        new_page, new_action = swapper.swap((page, action), random.Random(seed))
+        names = [line.split()[1] for line in new_page.splitlines()]
+        assert sorted(names) == sorted(forums), (seed, names)
+        target = new_action.splitlines()[0].removeprefix("# Element: ")
+        assert f'element="{6 + names.index(target)}"' in new_action

@@ -13,7 +13,9 @@ actor answers every step greedily in the configured ``prompt.*`` format and is m
 and likewise ``element`` (the id, on steps that act on an element), ``typed_args`` (Type/Search/Select),
 ``well_formed``, ``stops`` (an exit where the oracle exits) and ``grounding`` (the id, on the steps where the
 response names the oracle's element). A phase that undoes the start shows as exact_k < exact_0 by more than the
-sampling noise (about sqrt(p(1-p)/N): +-4.5 points at p = 0.6, N = 120).
+sampling noise (about sqrt(p(1-p)/N): +-4.5 points at p = 0.6, N = 120). The marks are also reported per site of
+the steps' tasks (``by_site``; MLflow ``exact_<site>``, ``grounding_<site>``): a start that passes on average can
+still miss one site's pages, as the S2 starts ground the forum list of the reddit clone.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ import time
 from pathlib import Path
 
 from webrl_core.bench.sft_curve import MARKS, collect, plot_marks, score, share_of, summarise
+
+SITE_MARKS = ("exact", "grounding")
+"""The marks logged per site (``exact_<site>``, ``grounding_<site>``) beside the overall ones."""
 
 
 def run_actors(run_dir: str | Path) -> list[tuple[str, Path]]:
@@ -58,7 +63,14 @@ def measure(settings, actor_dir: Path, steps: list[dict]) -> dict:
     marks = [score(r, s["action"]) for r, s in zip(responses, steps)]
     misses = [{"oracle": s["action"], "model": r} for r, s, m in zip(responses, steps, marks) if not m["exact"]]
     return {"actor": str(actor_dir), "steps": len(steps), "eval_s": round(time.perf_counter() - t0, 1),
-            **summarise(marks), "misses": misses[:5]}
+            **summarise(marks), "by_site": by_site(marks, steps), "misses": misses[:5]}
+
+
+def by_site(marks: list[dict], steps: list[dict]) -> dict[str, dict]:
+    """The marks per site of the steps' tasks: a start can pass on average and still fail one site's pages."""
+    sites = sorted({s.get("site") or "unknown" for s in steps})
+    return {site: summarise([m for m, s in zip(marks, steps) if (s.get("site") or "unknown") == site])
+            for site in sites}
 
 
 def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos: int, val_tasks: int,
@@ -95,6 +107,7 @@ def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos:
                             experiment="webrl-bench", config=settings.model_dump(mode="json")):
         for i, r in enumerate(rows):
             tracking.log_metrics({k: r[k] for k in MARKS}, step=i)
+            tracking.log_metrics({f"{k}_{site}": m[k] for site, m in r["by_site"].items() for k in SITE_MARKS}, step=i)
         tracking.log_artifact(png, "next-action")
         tracking.log_artifact(out.with_suffix(".json"), "next-action")
     _print(result)
@@ -112,4 +125,19 @@ def _print(result: dict) -> None:
         t.add_row(r["label"], f"{100 * r['exact']:.1f}%", f"{100 * r['element']:.1f}%",
                   share_of(r, "typed_args"), f"{100 * r['well_formed']:.1f}%", share_of(r, "stops"),
                   share_of(r, "grounding"), f"{r['eval_s']:.0f}")
+    Console().print(t)
+    sites = sorted({site for r in result["rows"] for site in r.get("by_site", {})})
+    t = Table(title="exact next action per site (element id when named)")
+    t.add_column("actor", justify="right")
+    for site in sites:
+        t.add_column(site, justify="right")
+    for r in result["rows"]:
+        cells = []
+        for site in sites:
+            m = r["by_site"].get(site)
+            if m is None:
+                cells.append("")
+            else:
+                cells.append(share_of(m, "exact") + (f" (id {share_of(m, 'grounding')})" if m["grounding_n"] else ""))
+        t.add_row(r["label"], *cells)
     Console().print(t)

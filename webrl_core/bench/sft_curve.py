@@ -60,16 +60,16 @@ def oracle_steps(store, episode_ids: list[str]) -> list[dict]:
     """The steps of the successful episodes, each with its intent, the responses before it and its page."""
     from webrl_core.websites import is_success
 
-    rows = store.sql("SELECT e.episode_id, e.task_id, e.intent, e.env_score, s.idx, s.html, s.response FROM steps s "
-                     "JOIN episodes e USING (episode_id) WHERE e.episode_id IN (SELECT unnest($ids)) "
+    rows = store.sql("SELECT e.episode_id, e.task_id, e.site, e.intent, e.env_score, s.idx, s.html, s.response "
+                     "FROM steps s JOIN episodes e USING (episode_id) WHERE e.episode_id IN (SELECT unnest($ids)) "
                      "ORDER BY e.episode_id, s.idx", {"ids": episode_ids})
     out, past, current = [], [], None
     for r in rows:
         if r["episode_id"] != current:
             current, past = r["episode_id"], []
         if is_success(r["env_score"]):
-            out.append({"episode_id": current, "task_id": r["task_id"], "intent": r["intent"], "past": list(past),
-                        "html": r["html"], "action": r["response"]})
+            out.append({"episode_id": current, "task_id": r["task_id"], "site": r["site"], "intent": r["intent"],
+                        "past": list(past), "html": r["html"], "action": r["response"]})
         past.append(r["response"])
     return out
 

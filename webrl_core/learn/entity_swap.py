@@ -41,14 +41,11 @@ class EntitySwapper:
         sigma: dict[str, str] = {}
         taken: set[str] = set()
         for name in found:
-            pool = self.by_kind[self.kinds[name]]
-            for _ in range(8):  # a free name of the kind; after a few collisions keep the name (tiny kinds)
-                pick = rng.choice(pool)
-                if pick not in taken:
-                    break
-            else:
-                pick = name
-            sigma[name] = pick
+            # draw among the kind's names not yet taken: found names of a kind never outnumber the kind, so one is
+            # always free, and a page listing every name of a small kind (the 12 forums) gets a permutation, never
+            # two lines with one name
+            free = [n for n in self.by_kind[self.kinds[name]] if n not in taken]
+            sigma[name] = pick = rng.choice(free)
             taken.add(pick)
         if not sigma:
             return tuple(texts)

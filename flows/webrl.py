@@ -23,11 +23,13 @@ from webrl_core.agent.rollout_policy import needs_server, phase_policy_digest
 from webrl_core.runs.rundir import labelled_state
 
 
-def rollout(run: RunContext, phase: int, purpose: str, tasks_ref, actor_ref, temperature: float) -> dict:
-    """A rollout of a task set, as ``bootstrap.n_shards`` concurrent shards (one when the actor is served: one
-    engine per rollout, which batches the requests of all its browsers)."""
+def rollout(run: RunContext, phase: int, purpose: str, tasks_ref, actor_ref, temperature: float,
+            samples_per_task: int = 1) -> dict:
+    """A rollout of a task set (``samples_per_task`` episodes per task), as ``bootstrap.n_shards`` concurrent shards
+    (one when the actor is served: one engine per rollout, which batches the requests of all its browsers)."""
     n = 1 if needs_server(run.settings, actor_ref, purpose) else run.settings.bootstrap.n_shards
-    shards = [run.submit(T.rollout_shard, phase, purpose, tasks_ref, actor_ref, temperature, i, n) for i in range(n)]
+    shards = [run.submit(T.rollout_shard, phase, purpose, tasks_ref, actor_ref, temperature, i, n, samples_per_task)
+              for i in range(n)]
     return merge_rollouts([s.result() for s in shards])
 
 
@@ -115,7 +117,7 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
         tasks = run(T.materialise_tasks, k, kept)
 
         # 2. experience: actor k-1 acts on the new tasks; the ORM labels the outcome
-        rollouts = rollout(run, k, "rollout", tasks, actor_prev, s.policy.temperature)
+        rollouts = rollout(run, k, "rollout", tasks, actor_prev, s.policy.temperature, s.curriculum.rollouts_per_task)
         labels = run(T.orm_label, k, rollouts, orm)
 
         # 3. training data: the phase's transitions + perplexity-filtered replay of earlier successes
@@ -131,8 +133,9 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
 
         n_tasks = len(read_json(tasks))
         metrics = {**generation, **filtering, "kept_by_review": n_tasks,
-                   # the curriculum's yield: the share of the phase's kept tasks the evaluators say actor k-1 solved
-                   "kept_solve_rate": labels["env_successes"] / max(1, n_tasks),
+                   # the curriculum's yield: the share of the phase's episodes on its kept tasks that the
+                   # evaluators say actor k-1 solved (per task when curriculum.rollouts_per_task is 1)
+                   "kept_solve_rate": labels["env_successes"] / max(1, rollouts["n"]),
                    "rollout_episodes": rollouts["n"], "rollout_errors": rollouts["errors"], **labels,
                    **sample_stats, **replay_stats, **{f"critic_{n}": v for n, v in critic_stats.items()},
                    **{f"actor_{n}": v for n, v in actor_stats.items()}, **eval_metrics}

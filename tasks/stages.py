@@ -68,9 +68,9 @@ def test_set(run: StageRun):
 
 @stage_task(experience.rollout, "rollout-shard", retries=1)
 def rollout_shard(run: StageRun, phase: int, purpose: str, tasks_ref, actor_ref, temperature: float, shard: int,
-                  n_shards: int):
+                  n_shards: int, samples_per_task: int = 1):
     return experience.rollout(run.settings(), run.run_dir, phase, purpose, tasks_ref, actor_ref, temperature, shard,
-                              n_shards)
+                              n_shards, samples_per_task)
 
 
 @stage_task(experience.label_with_env, "label-with-env")

@@ -401,6 +401,9 @@ class CurriculumConfig(Section):
     generator: Literal["embedded", "openai", "hf"] = Field(
         "embedded", description="embedded: vary failed tasks within site families; openai/hf: LLM in-breadth evolving")
     tasks_per_phase: int = Field(500, ge=1, description="tasks kept per phase after filtering (paper: 500)")
+    rollouts_per_task: int = Field(
+        1, ge=1, description="episodes the phase's actor samples on each kept task (official and paper: 1); more "
+        "gives a task the actor solves rarely more chances to be solved once, so its success enters the update")
     generation_turns: int = Field(2, ge=1, description="LLM calls per site per phase")
     seed_num: int = Field(10, ge=1, description="failed tasks shown per LLM call")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the generator")

@@ -59,3 +59,23 @@ def test_reward_source_decides_the_labels_and_the_orm_is_measured_either_way(tmp
 def test_an_unknown_reward_source_is_refused_by_name():
     with pytest.raises(Exception, match=r"reward\.source"):
         load_config("smoke", sets=["reward.source=judge"])
+
+
+def test_several_samples_per_task_are_distinct_episodes_across_shards(tmp_path):
+    """``samples_per_task`` episodes per task (the phase's ``curriculum.rollouts_per_task``), attempts numbered over
+    the whole set so that two shards never store one episode twice; a re-run finds them all stored."""
+    from webrl_core.pipeline import task_sets
+    from webrl_core.pipeline.experience import merge_rollouts, rollout
+
+    s = load_config("smoke", sets=["env.n_envs=2"])
+    tasks = task_sets.train_task_pool(s, str(tmp_path), 2, 1, "pool")
+    shards = [rollout(s, str(tmp_path), 1, "oracle", tasks, None, 0.0, i, 2, samples_per_task=3) for i in range(2)]
+    got = merge_rollouts(shards)
+    assert got["n"] == 6 == len(set(got["episode_ids"])) and got["errors"] == 0
+    eps = TrajectoryStore(tmp_path).sql("SELECT task_id, count(*) AS n FROM episodes GROUP BY task_id")
+    assert sorted(e["n"] for e in eps) == [3, 3]
+    again = [rollout(s, str(tmp_path), 1, "oracle", tasks, None, 0.0, i, 2, samples_per_task=3) for i in range(2)]
+    assert sum(r["skipped_existing"] for r in again) == 6
+    assert merge_rollouts(again)["episode_ids"] == got["episode_ids"]
+    with pytest.raises(ValueError, match="samples_per_task must be >= 1"):
+        rollout(s, str(tmp_path), 1, "oracle", tasks, None, 0.0, samples_per_task=0)

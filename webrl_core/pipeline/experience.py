@@ -36,21 +36,27 @@ ROLLOUT_SECTIONS = ("run", "sites", "env", "policy", "serving", "models", "promp
 
 @stage(*ROLLOUT_SECTIONS)
 def rollout(settings, run_dir: str, phase: int, purpose: str, tasks_ref: ArtifactRef,
-            actor_ref: ArtifactRef | None, temperature: float, shard: int = 0, n_shards: int = 1) -> dict:
-    """Roll out a shard of a task set; every finished episode goes to the store as it ends.
+            actor_ref: ArtifactRef | None, temperature: float, shard: int = 0, n_shards: int = 1,
+            samples_per_task: int = 1) -> dict:
+    """Roll out a shard of a task set, ``samples_per_task`` episodes per task (attempts 0, 1, ...; the shards split
+    the episodes, not the tasks); every finished episode goes to the store as it ends.
 
     Resumable: an episode whose id (task content, policy identity, settings, seed, attempt; see
     ``webrl_core.identity``) is already stored without error is reused, so a killed rollout re-run loses at most
     the episodes that were in flight and duplicates nothing, while a changed policy or knob gets new episodes.
     Fails when more than ``env.max_error_rate`` of the shard's episodes errored (they stay stored)."""
-    tasks = read_json(tasks_ref)[shard::n_shards]
+    if samples_per_task < 1:
+        raise ValueError(f"rollout: samples_per_task must be >= 1, got {samples_per_task}")
+    every = [t for t in read_json(tasks_ref) for _ in range(samples_per_task)]
+    # attempts are numbered over the whole set before sharding: a task's samples in two shards stay distinct
+    tasks, attempts = every[shard::n_shards], default_attempts(every)[shard::n_shards]
     store = TrajectoryStore(run_dir)
     seed = settings.run.seed
     ident = rollout_identity(settings, actor_ref, temperature, purpose)
-    ids = plan_episode_ids(tasks, phase=phase, purpose=purpose, seed=seed, **ident)
+    ids = plan_episode_ids(tasks, phase=phase, purpose=purpose, seed=seed, attempts=attempts, **ident)
     done = {e["episode_id"] for e in store.sql(
         "SELECT episode_id FROM episodes WHERE episode_id IN (SELECT unnest($ids)) AND status <> 'error'", {"ids": ids})}
-    todo = [(t, a) for t, a, i in zip(tasks, default_attempts(tasks), ids) if i not in done]
+    todo = [(t, a) for t, a, i in zip(tasks, attempts, ids) if i not in done]
     with contextlib.ExitStack() as stack:
         endpoint = None
         if todo and needs_server(settings, actor_ref, purpose):  # the actor, served for this rollout only

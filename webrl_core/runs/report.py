@@ -190,8 +190,9 @@ def funnel_counts(metrics: dict) -> dict[str, int]:
 
 def plot_funnel(run_dir: str | Path) -> Path | None:
     """``plots/curriculum_funnel.png``: per WebRL phase, the tasks generated -> kept by the filter -> kept by review
-    -> the episodes rolled out -> solved by the sites' evaluators -> judged YES by the ORM, and the kept tasks'
-    solve rate (solved / kept by review) in each phase's legend entry. None before phase 1."""
+    -> the episodes rolled out (``curriculum.rollouts_per_task`` per kept task) -> solved by the sites' evaluators
+    -> judged YES by the ORM, and the kept tasks' solve rate (solved / episodes) in each phase's legend entry. None
+    before phase 1."""
     reps = [(k, m) for k, m in _phases(run_dir, "reports") if k > 0]
     if not reps:
         return None
@@ -201,9 +202,10 @@ def plot_funnel(run_dir: str | Path) -> Path | None:
     for i, (k, m) in enumerate(reps):
         counts = funnel_counts(m)
         xs = [j + i * width for j in range(len(FUNNEL))]
-        solve = m.get("kept_solve_rate", counts["env_successes"] / max(1, counts["kept_by_review"]))
+        solve = m.get("kept_solve_rate",
+                      counts["env_successes"] / max(1, counts["rollout_episodes"] or counts["kept_by_review"]))
         bars = ax.bar(xs, [counts[key] for key, _ in FUNNEL], width,
-                      label=f"phase {k} (kept tasks solved: {100 * solve:.0f}%)")
+                      label=f"phase {k} (episodes on kept tasks solved: {100 * solve:.0f}%)")
         ax.bar_label(bars, fontsize=7)
     ax.set_xticks([j + width * (len(reps) - 1) / 2 for j in range(len(FUNNEL))], [l for _, l in FUNNEL], fontsize=8)
     ax.set_ylabel("tasks / episodes")

@@ -339,6 +339,10 @@ class CriticConfig(Section):
     head_init_std: float | None = Field(0.2, description="std of the first two head Linears (official 0.2; ~1/sqrt(h) is calmer; null: PyTorch default)")
     max_grad_norm: float = Field(1.0, gt=0, description="critic gradient clipping (paper: 1.0)")
     grad_accum: int = Field(1, ge=1, description="critic gradient accumulation steps")
+    replay: bool = Field(
+        True, description="official: the critic trains on the whole buffer, the phase's transitions and the replayed "
+        "successes; false: on the phase's own transitions only, so a success-only replay cannot teach it that every "
+        "task succeeds (its values are the next phase's task filter)")
 
 
 class TransitionsConfig(Section):

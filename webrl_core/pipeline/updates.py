@@ -42,11 +42,13 @@ def train_model(what: str, phase: int, out: Path, real: Path, samples: list[dict
 @stage("run", "models", "actor", "critic", "training")
 def update_critic(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, replay_ref: ArtifactRef,
                   backbone_ref: ArtifactRef, prev_critic_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
-    """Critic k from critic k-1 on the phase's transitions and the replay set."""
+    """Critic k from critic k-1 on the phase's transitions and (``critic.replay``, the official buffer) the replay
+    set."""
     out = Path(run_dir) / "models" / f"phase={phase}" / "critic"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, backbone_ref, prev_critic_ref))
+    replayed = read_jsonl(replay_ref) if settings.critic.replay else []
     return train_model(
-        "critic", phase, out, real, read_jsonl(samples_ref) + read_jsonl(replay_ref),
+        "critic", phase, out, real, read_jsonl(samples_ref) + replayed,
         lambda samples, dst: launch.train_critic(samples, backbone_ref.path, dst, settings,
                                                  resume=prev_critic_ref.path))
 

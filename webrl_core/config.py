@@ -422,7 +422,7 @@ class CurriculumConfig(Section):
     filter_high: float = Field(0.75, ge=0, le=1, description="... and <= this")
     min_kept_fraction: float = Field(
         0.25, ge=0, le=1, description="if the value filter keeps fewer than this fraction of tasks_per_phase, top up "
-        "with the dropped tasks nearest the window (official: 0, a phase may get no tasks)")
+        "with the dropped tasks nearest the window, taking turns between sites (official: 0, a phase may get no tasks)")
     phase1_filter: Literal["skip", "orm"] = Field("skip", description="filter in phase 1 without a trained critic")
     human_review: bool = Field(False, description="pause the flow for approval of generated tasks in the Prefect UI")
     review_timeout_s: int = Field(3600, ge=1, description="seconds to wait for review before the default applies")

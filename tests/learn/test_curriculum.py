@@ -96,3 +96,16 @@ def test_chat_generator_asks_the_endpoint_and_wraps_each_backtick_task():
             ChatGenerator(url, "nope").complete("x")
     finally:
         srv.shutdown()
+
+
+def test_top_up_takes_turns_between_sites():
+    """A saturated critic (every value near 1) must not fill the top-up from one site: the nearest of every site
+    first, then the next of each; within a site, nearest first."""
+    tasks = [{"task_id": f"m{i}", "intent": f"map {i}", "sites": ["map"]} for i in range(4)] + \
+            [{"task_id": f"g{i}", "intent": f"gitlab {i}", "sites": ["gitlab"]} for i in range(3)]
+    values = [(0.99990, 0, 0), (0.99991, 0, 0), (0.99992, 0, 0), (0.99993, 0, 0),
+              (0.99999, 0, 0), (0.99998, 0, 0), (1.0, 0, 0)]
+    kept, dropped = filter_by_value(tasks, values, 0.05, 0.75)
+    assert kept == []
+    assert [t["task_id"] for t in top_up(kept, dropped, 4, 0.05, 0.75)] == ["m0", "g1", "m1", "g0"]
+    assert [t["task_id"] for t in top_up(kept, dropped, 7, 0.05, 0.75)] == ["m0", "g1", "m1", "g0", "m2", "g2", "m3"]

@@ -109,7 +109,8 @@ def start_page_html(settings, tasks: list[dict]) -> dict[str, str]:
 def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef, critic_ref: ArtifactRef | None,
                  trained_critic: bool, orm_ref: ArtifactRef | None) -> tuple[ArtifactRef, dict]:
     """Keep tasks whose value on the Round-0 start-page prompt lies in [filter_low, filter_high]; top up to
-    ``min_kept_fraction`` of ``tasks_per_phase`` with the nearest dropped ones; at most ``tasks_per_phase``."""
+    ``min_kept_fraction`` of ``tasks_per_phase`` with the nearest dropped ones, site by site; at most
+    ``tasks_per_phase``."""
     cands = read_json(candidates_ref)
     cc, cur = settings.critic, settings.curriculum
     how = "critic"

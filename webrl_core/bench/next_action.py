@@ -68,9 +68,10 @@ def measure(settings, actor_dir: Path, steps: list[dict]) -> dict:
 
 def by_site(marks: list[dict], steps: list[dict]) -> dict[str, dict]:
     """The marks per site of the steps' tasks: a start can pass on average and still fail one site's pages."""
-    sites = sorted({s.get("site") or "unknown" for s in steps})
-    return {site: summarise([m for m, s in zip(marks, steps) if (s.get("site") or "unknown") == site])
-            for site in sites}
+    groups: dict[str, list[dict]] = {}
+    for m, s in zip(marks, steps):
+        groups.setdefault(s.get("site") or "unknown", []).append(m)
+    return {site: summarise(groups[site]) for site in sorted(groups)}
 
 
 def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos: int, val_tasks: int,

@@ -463,6 +463,11 @@ class BootstrapConfig(Section):
         "users, ...) are replaced by random names of the same kind, in the intent, page and action alike, drawn "
         "anew each epoch (webrl_core/learn/entity_swap.py): the typed name can then only be copied from the intent, not "
         "memorised")
+    sft_list_shuffle: float = Field(
+        0.0, ge=0.0, le=1.0, description="compact observations: share of SFT pairs whose list lines (one shape, ids "
+        "consecutive, 3 or more) have their texts permuted among the list's ids, the action's id following its text, "
+        "drawn anew each epoch (webrl_core/learn/list_shuffle.py): the clicked id can then only be found by its name, "
+        "not remembered from the demonstration")
     n_shards: int = Field(2, ge=1, description="rollout shards mapped as separate Prefect tasks")
 
     @field_validator("sft_actor", "sft_data")
@@ -607,6 +612,15 @@ class WebRLSettings(Section):
                 if on:
                     raise ValueError(f"{field} uses the embedded sites' entity names; sites.mode is "
                                      f"{self.sites.mode!r} (turn {field} off for real WebArena)")
+        return self
+
+    @model_validator(mode="after")
+    def _list_shuffle_needs_compact_lines(self) -> WebRLSettings:
+        """The list shuffle reads the compact page's ``[N] text`` lines: any other observation has none to move."""
+        if self.bootstrap.sft_list_shuffle > 0 and self.prompt.observation != "compact":
+            raise ValueError(f"bootstrap.sft_list_shuffle={self.bootstrap.sft_list_shuffle} permutes the compact "
+                             f"page's '[N] text' list lines; prompt.observation is {self.prompt.observation!r} "
+                             f"(set prompt.observation: compact, or bootstrap.sft_list_shuffle: 0)")
         return self
 
     def run_dir(self) -> Path:

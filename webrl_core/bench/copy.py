@@ -121,15 +121,15 @@ def run(folder: str | Path, sizes: list[dict[str, int]] | None = None, sets: lis
 def train_and_check(settings, folder: Path, pairs: list[tuple[str, str]], val: list[dict],
                     kinds: dict[str, str]) -> dict:
     """Build the embedded model of ``settings.models.embedded``, SFT it like ``bootstrap.sft_actor``, check it."""
-    from webrl_core.learn.entity_swap import swapped_sft_passes
+    from webrl_core.learn.sft_augment import augmented_sft_passes
     from webrl_core.learn.models import build_embedded_model
     from webrl_core.learn.training import sft_train
 
     emb, boot = settings.models.embedded, settings.bootstrap
     work = Path(tempfile.mkdtemp(prefix="bench-copy-"))
     base = build_embedded_model(folder / "tokenizer", emb, work / "init", seed=settings.run.seed)
-    train_pairs, epochs = swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap,
-                                             seed=settings.run.seed)
+    train_pairs, epochs = augmented_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap,
+                                               boot.sft_list_shuffle, seed=settings.run.seed)
     t0 = time.perf_counter()
     metrics = sft_train(train_pairs, base, work / "actor", settings, epochs=epochs)
     sft_s = time.perf_counter() - t0

@@ -262,7 +262,7 @@ def train_curve(settings, tok, pairs: list[tuple[str, str]], distinct_pairs: int
     """Train ``base`` on ``pairs`` (already shuffled, prompts rendered) with the curve measured on ``val``
     (prompt, oracle action); returns (the run's head with its data sizes, the curve, sft_train's metrics).
     ``every_epochs`` places a point every that many epochs of the ``distinct_pairs`` instead of ``every`` steps."""
-    from webrl_core.learn.entity_swap import sft_passes
+    from webrl_core.learn.sft_augment import sft_passes
     from webrl_core.learn.models import encode_prompt_action
     from webrl_core.learn.training import actor_micro_batches, sft_train
 

@@ -10,5 +10,7 @@
     sft_trainer   the TRL SFT trainer with logits only where the loss needs them
     sft_data      (prompt, action) demonstrations for the phase-0 SFT
     entity_swap   entity-swap augmentation of the demonstrations
+    list_shuffle  list-order shuffle of the demonstrations (the clicked id follows its text)
+    sft_augment   the bootstrap SFT's augmented passes (entity swap, list shuffle)
     curriculum    in-breadth task generation from failures and the critic filter (paper Sec. 3.1)
 """

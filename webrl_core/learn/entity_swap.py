@@ -15,7 +15,6 @@ original price or count, which is fine because the answers the model learns to r
 
 from __future__ import annotations
 
-import math
 import random
 import re
 from collections.abc import Sequence
@@ -63,24 +62,3 @@ def augment_pairs(pairs: Sequence[tuple[str, str]], swapper: EntitySwapper, copi
         for prompt, action in pairs:
             out.append(swapper.swap((prompt, action), rng) if rng.random() < p else (prompt, action))
     return out
-
-
-def swapped_sft_passes(pairs: Sequence[tuple[str, str]], kinds: dict[str, str], epochs: float, p: float,
-                       seed: int) -> tuple[list[tuple[str, str]], float | None]:
-    """The SFT data of ``bootstrap.sft_entity_swap = p``: ceil(``epochs``) passes, each its own entity-swapped
-    copy of ``pairs``, and the epochs to train over them (``epochs`` / passes); ``p`` 0: the pairs as they are and
-    None (train ``epochs`` over them)."""
-    if p <= 0:
-        return list(pairs), None
-    passes = max(1, math.ceil(epochs))
-    return augment_pairs(pairs, EntitySwapper(kinds), passes, p, seed=seed), epochs / passes
-
-
-def sft_passes(settings, pairs: Sequence[tuple[str, str]]) -> tuple[list[tuple[str, str]], float | None]:
-    """The bootstrap SFT's training data made from its (prompt, action) pairs: with ``bootstrap.sft_entity_swap``
-    its entity-swapped passes and the epochs to train over them, else the pairs as they are and None."""
-    from webrl_core.sites.data import entity_kinds
-
-    boot = settings.bootstrap
-    kinds = entity_kinds(settings.sites.data_seed) if boot.sft_entity_swap > 0 else {}
-    return swapped_sft_passes(pairs, kinds, boot.sft_epochs, boot.sft_entity_swap, seed=settings.run.seed)

@@ -13,7 +13,7 @@ from pathlib import Path
 from webrl_core.scale import launch
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.entity_swap import sft_passes
+from webrl_core.learn.sft_augment import sft_passes
 from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
 from webrl_core.pipeline.experience import numeric

@@ -1,0 +1,82 @@
+"""List-order shuffle of the SFT demonstrations: the clicked id must be found by its name, not remembered.
+
+The entity swap (``entity_swap.py``) renames things but keeps every element id where it was, so a demonstration's
+id stays predictable from whatever the swap leaves unchanged (a post title, a comment's text, the steps before):
+on the reddit clone's forum list, twelve lines ``[6] books 24 submissions`` ... ``[17] travel 24 submissions``,
+a start trained on 44 such steps wrote one or two ids whatever forum it named (docs/results.md, "Where the starts
+fail"). The shuffle permutes the texts of a run of list lines among the run's ids, and the action's id follows its
+text:
+
+    lines ``[i_1] t_1`` ... ``[i_n] t_n`` (ids consecutive, one shape, n >= ``MIN_RUN``)  ->  ``[i_k] t_π(k)``
+    ``element="i_j"``  ->  ``element="i_π⁻¹(j)"``
+
+with π a uniform random permutation over k = 1..n. The lines of one list share a shape (``shape``: the text with
+its words and numbers folded, ``books 24 submissions`` -> ``a 9 a``, ``Aurora Trail Tent $142.99`` -> ``a $9.9``), which
+keeps a list's neighbours out of it (an order's items, ``a 9``, and the ``Back to My Orders`` link after them, ``a``),
+and π is drawn anew for each pair and each epoch. A prompt carries one page (earlier
+rounds show only their actions, ``prompts.build_prompt``), and only its list lines move: the intent, the earlier
+actions and every other line stay as they are. It reads the compact observation's list lines (``prompt.observation:
+compact``, ``compact_page.py``: one line per list item, the id in brackets first); a prompt without such a run is
+left as it is.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+
+LIST_LINE = re.compile(r"^\[(\d+)\] (\S.*)$")
+MIN_RUN = 3  # two lines are a pair of links (Sign in / Sign up), not a list to choose from
+_ELEMENT = re.compile(r'element="(\d+)"')
+_NUMBER = re.compile(r"\d+")
+_WORDS = re.compile(r"[A-Za-z][\w'-]*(?: [A-Za-z][\w'-]*)*")
+
+
+def shape(text: str) -> str:
+    """A list line's text with every number folded to ``9`` and every run of words to ``a``."""
+    return _WORDS.sub("a", _NUMBER.sub("9", text))
+
+
+def _runs(lines: list[str]) -> list[tuple[int, int]]:
+    """[start, end) of each maximal run of list lines of one shape whose ids go up by one, at least MIN_RUN long."""
+    runs, start, prev = [], None, (None, None)
+    for i, line in enumerate(lines + [""]):
+        m = LIST_LINE.match(line)
+        key = (int(m.group(1)), shape(m.group(2))) if m else (None, None)
+        if start is not None and (key[0] is None or key[0] != prev[0] + 1 or key[1] != prev[1]):
+            if i - start >= MIN_RUN:
+                runs.append((start, i))
+            start = None
+        if key[0] is not None and start is None:
+            start = i
+        prev = key
+    return runs
+
+
+def shuffle_lists(prompt: str, action: str, rng: random.Random) -> tuple[str, str]:
+    """``(prompt, action)`` with the texts of each list run permuted, the action's id moved with its text."""
+    lines = prompt.split("\n")
+    m = _ELEMENT.search(action)
+    target = int(m.group(1)) if m else None
+    moved_to = target
+    for start, end in _runs(lines):
+        ids = [int(LIST_LINE.match(line).group(1)) for line in lines[start:end]]
+        texts = [LIST_LINE.match(line).group(2) for line in lines[start:end]]
+        order = list(range(len(texts)))
+        rng.shuffle(order)
+        for k, src in enumerate(order):
+            lines[start + k] = f"[{ids[k]}] {texts[src]}"
+            if ids[src] == target:
+                moved_to = ids[k]
+    if moved_to != target:
+        action = action[:m.start(1)] + str(moved_to) + action[m.end(1):]
+    return "\n".join(lines), action
+
+
+def shuffle_pairs(pairs: Sequence[tuple[str, str]], p: float, seed: int) -> list[tuple[str, str]]:
+    """Each pair list-shuffled with probability ``p`` (its own permutation), in order."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"list shuffle probability must be in [0, 1], got {p}")
+    rng = random.Random(seed)
+    return [shuffle_lists(a, b, rng) if rng.random() < p else (a, b) for a, b in pairs]

@@ -464,8 +464,8 @@ class BootstrapConfig(Section):
         "anew each epoch (webrl_core/learn/entity_swap.py): the typed name can then only be copied from the intent, not "
         "memorised")
     sft_list_shuffle: float = Field(
-        0.0, ge=0.0, le=1.0, description="compact observations: share of SFT pairs whose list lines (one shape, ids "
-        "consecutive, 3 or more) have their texts permuted among the list's ids, the action's id following its text, "
+        0.0, ge=0.0, le=1.0, description="compact observations: share of SFT pairs whose list lines (one id each, "
+        "one shape, ids consecutive, 3 or more) have their texts permuted among the list's ids, the action's id following its text, "
         "drawn anew each epoch (webrl_core/learn/list_shuffle.py): the clicked id can then only be found by its name, "
         "not remembered from the demonstration")
     n_shards: int = Field(2, ge=1, description="rollout shards mapped as separate Prefect tasks")
@@ -616,11 +616,11 @@ class WebRLSettings(Section):
 
     @model_validator(mode="after")
     def _list_shuffle_needs_compact_lines(self) -> WebRLSettings:
-        """The list shuffle reads the compact page's ``[N] text`` lines: any other observation has none to move."""
-        if self.bootstrap.sft_list_shuffle > 0 and self.prompt.observation != "compact":
+        """The list shuffle reads the compact page's list lines: the HTML observation has none to move."""
+        if self.bootstrap.sft_list_shuffle > 0 and not self.prompt.observation.startswith("compact"):
             raise ValueError(f"bootstrap.sft_list_shuffle={self.bootstrap.sft_list_shuffle} permutes the compact "
-                             f"page's '[N] text' list lines; prompt.observation is {self.prompt.observation!r} "
-                             f"(set prompt.observation: compact, or bootstrap.sft_list_shuffle: 0)")
+                             f"page's list lines; prompt.observation is {self.prompt.observation!r} (set "
+                             f"prompt.observation: compact or compact_id_after, or bootstrap.sft_list_shuffle: 0)")
         return self
 
     def run_dir(self) -> Path:

@@ -20,27 +20,32 @@ PAST = '# Element: Forums\ndo(action="Click", element="1")'
 ACTION = '# Element: movies\ndo(action="Click", element="11")'
 
 
-def prompt() -> str:
-    return f"{INTENT}\n{PAST}\n{compact_page(HTML)}\n{INTENT}"
+def prompt(id_after: bool = False) -> str:
+    return f"{INTENT}\n{PAST}\n{compact_page(HTML, id_after=id_after)}\n{INTENT}"
 
 
 def listed(text: str) -> dict[str, int]:
-    return {m.group(2): int(m.group(1)) for m in re.finditer(r"^\[(\d+)\] (\w+) 24 submissions$", text, re.M)}
+    """forum -> id, in either layout ("[6] books 24 submissions" or "books [6] 24 submissions")"""
+    first = {m[2]: int(m[1]) for m in re.finditer(r"^\[(\d+)\] (\w+) 24 submissions$", text, re.M)}
+    after = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+) \[(\d+)\] 24 submissions$", text, re.M)}
+    return first or after
 
 
-def test_the_clicked_id_follows_its_text():
-    before = listed(prompt())
+@pytest.mark.parametrize("id_after", [False, True])
+def test_the_clicked_id_follows_its_text(id_after):
+    before = listed(prompt(id_after))
     assert before == {f: 6 + i for i, f in enumerate(FORUMS)}  # the compact page lists one forum a line
     clicked, orders = set(), set()
     for seed in range(30):
-        p, a = shuffle_lists(prompt(), ACTION, random.Random(seed))
+        p, a = shuffle_lists(prompt(id_after), ACTION, random.Random(seed))
         after = listed(p)
         assert sorted(after.values()) == sorted(before.values())  # the same ids, in place
         assert a == ACTION.replace('"11"', f'"{after["movies"]}"')  # the action clicks movies wherever it went
         clicked.add(after["movies"])
         orders.add(tuple(sorted(after, key=after.get)))
         # the intent, the earlier action and the lines outside the list are untouched
-        assert p.split("\n")[:3] == prompt().split("\n")[:3] and p.endswith(f"[13] Sign in\n[14] Sign up\n{INTENT}")
+        assert p.split("\n")[:4] == prompt(id_after).split("\n")[:4]
+        assert p.endswith(f"Sign in [13]\nSign up [14]\n{INTENT}" if id_after else f"[13] Sign in\n[14] Sign up\n{INTENT}")
     assert len(clicked) >= 5 and len(orders) >= 20  # the id is no longer predictable from the demonstration
 
 

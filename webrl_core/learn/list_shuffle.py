@@ -10,14 +10,15 @@ text:
     lines ``[i_1] t_1`` ... ``[i_n] t_n`` (ids consecutive, one shape, n >= ``MIN_RUN``)  ->  ``[i_k] t_π(k)``
     ``element="i_j"``  ->  ``element="i_π⁻¹(j)"``
 
-with π a uniform random permutation over k = 1..n. The lines of one list share a shape (``shape``: the text with
-its words and numbers folded, ``books 24 submissions`` -> ``a 9 a``, ``Aurora Trail Tent $142.99`` -> ``a $9.9``), which
-keeps a list's neighbours out of it (an order's items, ``a 9``, and the ``Back to My Orders`` link after them, ``a``),
-and π is drawn anew for each pair and each epoch. A prompt carries one page (earlier
-rounds show only their actions, ``prompts.build_prompt``), and only its list lines move: the intent, the earlier
-actions and every other line stay as they are. It reads the compact observation's list lines (``prompt.observation:
-compact``, ``compact_page.py``: one line per list item, the id in brackets first); a prompt without such a run is
-left as it is.
+with π a uniform random permutation over k = 1..n, drawn anew for each pair and each epoch. A list line is a line of
+the compact observation (``compact_page.py``: one line per list item or table row) with exactly one element id,
+written first (``[6] books 24 submissions``, ``prompt.observation: compact``) or after the text that names it
+(``books [6] 24 submissions``, ``compact_id_after``); its text is the rest of the line around the id. The lines of
+one list share a shape (``shape``: words and numbers folded, ``books 24 submissions`` -> ``a 9 a``, ``Aurora Trail
+Tent $142.99`` -> ``a $9.9``), which keeps a list's neighbours out of it (an order's items, ``a 9``, and the ``Back
+to My Orders`` link after them, ``a``). A prompt carries one page (earlier rounds show only their actions,
+``prompts.build_prompt``), and only its list lines move: the intent, the earlier actions and every other line stay
+as they are; a prompt without a list is left as it is.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ import random
 import re
 from collections.abc import Sequence
 
-LIST_LINE = re.compile(r"^\[(\d+)\] (\S.*)$")
+# one id on the line: first, or after a text that has no id (the header's "[0] Postmill [1] Forums" has two)
+_NO_ID = r"(?:(?!\[\d+\]).)"
+LIST_LINE = re.compile(rf"^(?P<before>(?:(?=\S){_NO_ID}+? )?)\[(?P<id>\d+)\](?P<after>(?: {_NO_ID}*)?)$")
 MIN_RUN = 3  # two lines are a pair of links (Sign in / Sign up), not a list to choose from
 _ELEMENT = re.compile(r'element="(\d+)"')
 _NUMBER = re.compile(r"\d+")
@@ -38,12 +41,20 @@ def shape(text: str) -> str:
     return _WORDS.sub("a", _NUMBER.sub("9", text))
 
 
+def _parse(line: str) -> tuple[int, str, str] | None:
+    """(id, text before it, text after it) of a list line, else None."""
+    m = LIST_LINE.match(line)
+    if not m or not (m["before"] or m["after"].strip()):
+        return None
+    return int(m["id"]), m["before"], m["after"]
+
+
 def _runs(lines: list[str]) -> list[tuple[int, int]]:
     """[start, end) of each maximal run of list lines of one shape whose ids go up by one, at least MIN_RUN long."""
     runs, start, prev = [], None, (None, None)
     for i, line in enumerate(lines + [""]):
-        m = LIST_LINE.match(line)
-        key = (int(m.group(1)), shape(m.group(2))) if m else (None, None)
+        parsed = _parse(line)
+        key = (parsed[0], f"{shape(parsed[1])}[]{shape(parsed[2])}") if parsed else (None, None)
         if start is not None and (key[0] is None or key[0] != prev[0] + 1 or key[1] != prev[1]):
             if i - start >= MIN_RUN:
                 runs.append((start, i))
@@ -61,12 +72,12 @@ def shuffle_lists(prompt: str, action: str, rng: random.Random) -> tuple[str, st
     target = int(m.group(1)) if m else None
     moved_to = target
     for start, end in _runs(lines):
-        ids = [int(LIST_LINE.match(line).group(1)) for line in lines[start:end]]
-        texts = [LIST_LINE.match(line).group(2) for line in lines[start:end]]
-        order = list(range(len(texts)))
+        parsed = [_parse(line) for line in lines[start:end]]
+        ids = [p[0] for p in parsed]
+        order = list(range(len(parsed)))
         rng.shuffle(order)
         for k, src in enumerate(order):
-            lines[start + k] = f"[{ids[k]}] {texts[src]}"
+            lines[start + k] = f"{parsed[src][1]}[{ids[k]}]{parsed[src][2]}"
             if ids[src] == target:
                 moved_to = ids[k]
     if moved_to != target:

@@ -465,9 +465,9 @@ class BootstrapConfig(Section):
         "memorised")
     sft_list_shuffle: float = Field(
         0.0, ge=0.0, le=1.0, description="compact observations: share of SFT pairs whose list lines (one id each, "
-        "one shape, ids consecutive, 3 or more) have their texts permuted among the list's ids, the action's id following its text, "
-        "drawn anew each epoch (webrl_core/learn/list_shuffle.py): the clicked id can then only be found by its name, "
-        "not remembered from the demonstration")
+        "one shape, ids consecutive, 3 or more) have their texts permuted among the list's ids, the action's id "
+        "following its text, drawn anew each epoch (webrl_core/learn/list_shuffle.py): the clicked id can then only "
+        "be found by its name, not remembered from the demonstration")
     n_shards: int = Field(2, ge=1, description="rollout shards mapped as separate Prefect tasks")
 
     @field_validator("sft_actor", "sft_data")

@@ -49,19 +49,20 @@ def _parse(line: str) -> tuple[int, str, str] | None:
     return int(m["id"]), m["before"], m["after"]
 
 
-def _runs(lines: list[str]) -> list[tuple[int, int]]:
-    """[start, end) of each maximal run of list lines of one shape whose ids go up by one, at least MIN_RUN long."""
-    runs, start, prev = [], None, (None, None)
+def _runs(lines: list[str]) -> list[tuple[int, list[tuple[int, str, str]]]]:
+    """(first line, the parsed lines) of each maximal run of list lines of one shape whose ids go up by one, at
+    least MIN_RUN long."""
+    runs, run, prev_shape = [], [], None
     for i, line in enumerate(lines + [""]):
         parsed = _parse(line)
-        key = (parsed[0], f"{shape(parsed[1])}[]{shape(parsed[2])}") if parsed else (None, None)
-        if start is not None and (key[0] is None or key[0] != prev[0] + 1 or key[1] != prev[1]):
-            if i - start >= MIN_RUN:
-                runs.append((start, i))
-            start = None
-        if key[0] is not None and start is None:
-            start = i
-        prev = key
+        line_shape = f"{shape(parsed[1])}[]{shape(parsed[2])}" if parsed else None
+        if run and (parsed is None or parsed[0] != run[-1][0] + 1 or line_shape != prev_shape):
+            if len(run) >= MIN_RUN:
+                runs.append((i - len(run), run))
+            run = []
+        if parsed is not None:
+            run.append(parsed)
+        prev_shape = line_shape
     return runs
 
 
@@ -71,8 +72,7 @@ def shuffle_lists(prompt: str, action: str, rng: random.Random) -> tuple[str, st
     m = _ELEMENT.search(action)
     target = int(m.group(1)) if m else None
     moved_to = target
-    for start, end in _runs(lines):
-        parsed = [_parse(line) for line in lines[start:end]]
+    for start, parsed in _runs(lines):
         ids = [p[0] for p in parsed]
         order = list(range(len(parsed)))
         rng.shuffle(order)

@@ -67,3 +67,15 @@ def test_a_real_stage_runs_on_its_declared_sections(tmp_path):
     s = load_config("smoke", sets=["sites.data_seed=0"])
     ref = task_sets.train_task_pool(s, str(tmp_path), 5, 1, "pool")
     assert len(json.loads(open(ref.path).read())) == 5
+
+
+def test_every_task_rebuilds_its_settings_from_its_sections_under_the_cross_section_rules(tmp_path):
+    """A task validates its sections alone (``StageRun.settings``): a rule that ties two sections (the list shuffle
+    needs a compact ``prompt.observation``) must find both in the stages it constrains, or the task refuses a valid
+    config (``sft-actor`` once dropped ``prompt`` and read the layout as the default 'html')."""
+    s = load_config("demo", sets=["prompt.observation=compact_id_after", "bootstrap.sft_list_shuffle=0.5"])
+    for t in [t for t in vars(T).values() if hasattr(t, "stage") and hasattr(t, "submit")]:
+        run = T.StageRun.of(s, str(tmp_path), "rid", t.stage)
+        back = run.settings()
+        for section in t.stage.config_sections:
+            assert getattr(back, section) == getattr(s, section), (t.name, section)

@@ -54,7 +54,8 @@ def init_embedded_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef) -> A
     return ArtifactRef.of(base, "model")
 
 
-@stage("run", "models", "bootstrap", "actor", "training", "sites")  # actor: batch sizes of the model it trains
+# actor: batch sizes of the model it trains; prompt: the list shuffle reads the page in prompt.observation's layout
+@stage("run", "models", "bootstrap", "actor", "training", "sites", "prompt")
 def sft_actor(settings, run_dir: str, init_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
     """Fine-tune the initial actor (the pretrained ``models.actor``, or the from-scratch embedded model) on the
     successful oracle demonstrations. With ``bootstrap.sft_entity_swap`` each epoch is its own entity-swapped pass

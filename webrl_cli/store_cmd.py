@@ -156,3 +156,46 @@ def schema():
         typer.echo(f"\n{name}: {COLUMN_DOCS[name]}")
         for f in sch:
             typer.echo(f"  {f.name:16s} {f.type}")
+
+
+@app.command("compare")
+def compare_cmd(a: str = typer.Argument(..., help="evaluation A: <run>/eval/<name>.json or <run dir>:<name> "
+                                                  "(phase=0 is the SFT start); a bare run dir compares its phases in turn"),
+                b: Optional[str] = typer.Argument(None, help="evaluation B, the same forms (another run's too)"),
+                actions: bool = typer.Option(False, "--actions", help="also list each lost or gained task's actions "
+                                                                      "under A and under B")):
+    """Paired test outcomes of two evaluations: tasks lost and gained, with the two-sided sign test."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from webrl_core.errors import BadInput
+    from webrl_core.runs import compare as C
+
+    if b is None:
+        if not (Path(a) / "eval").is_dir():
+            raise BadInput(f"{a!r}: give two evaluations, or a run dir with eval/ to compare its phases in turn")
+        names = C.evaluation_names(a)
+        if len(names) < 2:
+            raise BadInput(f"{a}: {len(names)} phase evaluation(s) in {Path(a) / 'eval'}; two are needed")
+        pairs = [(f"{a}:{x}", f"{a}:{y}") for x, y in zip(names, names[1:])]
+    else:
+        pairs = [(a, b)]
+    console = Console()
+    for x, y in pairs:
+        fa, fb = C.resolve_evaluation(x), C.resolve_evaluation(y)
+        cmp = C.compare(fa, fb)
+        sa, sb = cmp.solved
+        scored = cmp.both + cmp.neither + len(cmp.lost) + len(cmp.gained)
+        console.print(f"[bold]{x}[/] -> [bold]{y}[/]: solved {sa} -> {sb} of {scored} paired tasks, "
+                      f"lost {len(cmp.lost)}, gained {len(cmp.gained)} (sign test p = {cmp.p_value:.3f})"
+                      + (f", {cmp.unpaired} unpaired (errored, unscored or on one side only)" if cmp.unpaired else ""))
+        t = Table()
+        for col in ("", "site", "task", "intent") + (("actions under A", "actions under B") if actions else ()):
+            t.add_column(col, overflow="fold")
+        for mark, rows in (("lost", cmp.lost), ("gained", cmp.gained)):
+            for ta, tb in rows:
+                extra = ("\n".join(C.episode_actions(fa, ta.episode_id)),
+                         "\n".join(C.episode_actions(fb, tb.episode_id))) if actions else ()
+                t.add_row(mark, ta.site, ta.task_id, ta.intent, *extra)
+        if cmp.lost or cmp.gained:
+            console.print(t)

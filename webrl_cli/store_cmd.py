@@ -169,7 +169,7 @@ def compare_cmd(a: str = typer.Argument(..., help="evaluation A: <run>/eval/<nam
     from rich.table import Table
 
     from webrl_core.errors import BadInput
-    from webrl_core.runs import compare as C
+    from webrl_core.pipeline import compare as C
 
     if b is None:
         if not (Path(a) / "eval").is_dir():

@@ -84,7 +84,7 @@ COVERED: dict[str, str] = {
     "webrl sft": "tests/learn/test_training.py::test_sft_bootstrap_learns_the_actions",
     "webrl serve prefect": "tests/agent/test_serve_signals.py::test_serve_prefect_stops_its_tree",
     "webrl env miniwob": "tests/env/test_miniwob.py::test_cli_prints_a_success_table",
-    "webrl store compare": "tests/runs/test_compare.py::test_the_command_compares_a_runs_phases_in_turn",
+    "webrl store compare": "tests/pipeline/test_compare.py::test_the_command_compares_a_runs_phases_in_turn",
     "webrl store import-traces": "tests/learn/test_transitions.py::test_import_vab_traces_rebuilds_prompts",
     "webrl models import-gguf": "tests/test_pretrained.py::test_converted_folder_has_the_gguf_logits",
     "webrl webarena login": "tests/flows/test_real_path.py::test_webarena_local_closes_the_phase_loop",

@@ -1,4 +1,4 @@
-"""Paired comparison of two evaluations (webrl_core/runs/compare.py) on a real store, and `webrl store compare`."""
+"""Paired comparison of two evaluations (webrl_core/pipeline/compare.py) on a real store, and `webrl store compare`."""
 
 import json
 
@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from webrl_cli.main import app
 from webrl_core.errors import BadInput
-from webrl_core.runs import compare as C
+from webrl_core.pipeline import compare as C
 from webrl_core.runs.store import TrajectoryStore
 
 

@@ -185,17 +185,18 @@ def compare_cmd(a: str = typer.Argument(..., help="evaluation A: <run>/eval/<nam
         fa, fb = C.resolve_evaluation(x), C.resolve_evaluation(y)
         cmp = C.compare(fa, fb)
         sa, sb = cmp.solved
-        scored = cmp.both + cmp.neither + len(cmp.lost) + len(cmp.gained)
-        console.print(f"[bold]{x}[/] -> [bold]{y}[/]: solved {sa} -> {sb} of {scored} paired tasks, "
+        console.print(f"[bold]{x}[/] -> [bold]{y}[/]: solved {sa} -> {sb} of {cmp.paired} paired tasks, "
                       f"lost {len(cmp.lost)}, gained {len(cmp.gained)} (sign test p = {cmp.p_value:.3f})"
                       + (f", {cmp.unpaired} unpaired (errored, unscored or on one side only)" if cmp.unpaired else ""))
         t = Table()
         for col in ("", "site", "task", "intent") + (("actions under A", "actions under B") if actions else ()):
             t.add_column(col, overflow="fold")
-        for mark, rows in (("lost", cmp.lost), ("gained", cmp.gained)):
-            for ta, tb in rows:
-                extra = ("\n".join(C.episode_actions(fa, ta.episode_id)),
-                         "\n".join(C.episode_actions(fb, tb.episode_id))) if actions else ()
-                t.add_row(mark, ta.site, ta.task_id, ta.intent, *extra)
-        if cmp.lost or cmp.gained:
+        changed = [("lost", ta, tb) for ta, tb in cmp.lost] + [("gained", ta, tb) for ta, tb in cmp.gained]
+        if actions:
+            under_a = C.episode_actions(fa, [ta.episode_id for _, ta, _ in changed])
+            under_b = C.episode_actions(fb, [tb.episode_id for _, _, tb in changed])
+        for mark, ta, tb in changed:
+            extra = ("\n".join(under_a[ta.episode_id]), "\n".join(under_b[tb.episode_id])) if actions else ()
+            t.add_row(mark, ta.site, ta.task_id, ta.intent, *extra)
+        if changed:
             console.print(t)

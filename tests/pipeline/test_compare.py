@@ -37,7 +37,8 @@ def test_tasks_pair_by_id_and_the_sign_test_counts_discordant_pairs(tmp_path):
     assert cmp.unpaired == 2  # t7 errored under A, t8 only under B
     assert cmp.solved == (3, 2)
     assert cmp.p_value == pytest.approx(1.0)  # 2 vs 1 of 3: 2 * (1 + 3) / 8
-    assert C.episode_actions(tmp_path / "eval" / "phase=1.json", "phase=1-t3") == ["Click phase=1 button [7]"]
+    assert C.episode_actions(tmp_path / "eval" / "phase=1.json", ["phase=1-t3"]) == {
+        "phase=1-t3": ["phase=1 button: do(action='Click', element='7')"]}
 
 
 def test_sign_test_values():
@@ -63,6 +64,6 @@ def test_the_command_compares_a_runs_phases_in_turn(tmp_path):
     text = " ".join(out.output.split())
     assert "solved 2 -> 2 of 3 paired tasks, lost 1, gained 1" in text
     assert "solved 2 -> 3 of 3 paired tasks, lost 0, gained 1" in text
-    assert "Click phase=1 button [7]" in out.output
+    assert "phase=1 button: do(action='Click', element='7')" in out.output
     bad = CliRunner().invoke(app, ["store", "compare", str(tmp_path / "eval")])
     assert isinstance(bad.exception, BadInput) and "give two evaluations" in str(bad.exception)  # exit 2 in `webrl`

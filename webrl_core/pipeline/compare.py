@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from math import comb
 from pathlib import Path
 
+from webrl_core.env.actions import Action
 from webrl_core.env.episode import outcome
 from webrl_core.errors import BadInput
 from webrl_core.runs.store import TrajectoryStore
@@ -49,6 +50,10 @@ class PairedComparison:
     @property
     def p_value(self) -> float:
         return sign_test(len(self.lost), len(self.gained))
+
+    @property
+    def paired(self) -> int:
+        return self.both + self.neither + len(self.lost) + len(self.gained)
 
     @property
     def solved(self) -> tuple[int, int]:
@@ -93,12 +98,13 @@ def task_outcomes(eval_file: Path) -> dict[str, TaskOutcome]:
         ids = json.loads(eval_file.read_text())["episode_ids"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise BadInput(f"{eval_file}: not an evaluation file (no episode_ids): {e}") from e
-    rows = TrajectoryStore(run_dir_of(eval_file)).sql(
+    run_dir = run_dir_of(eval_file)
+    rows = TrajectoryStore(run_dir).sql(
         "SELECT episode_id, task_id, site, intent, status, env_score FROM episodes "
         "WHERE episode_id IN (SELECT unnest($ids))", {"ids": ids})
     if len(rows) != len(set(ids)):
         raise BadInput(f"{eval_file}: {len(set(ids)) - len(rows)} of its {len(set(ids))} episodes are not in the "
-                       f"store of {run_dir_of(eval_file)}")
+                       f"store of {run_dir}")
     return {str(r["task_id"]): TaskOutcome(str(r["task_id"]), r["site"], r["intent"] or "",
                                            outcome(r["status"], r["env_score"]), r["episode_id"]) for r in rows}
 
@@ -108,9 +114,9 @@ def compare(a_file: Path, b_file: Path) -> PairedComparison:
     a, b = task_outcomes(a_file), task_outcomes(b_file)
     out = PairedComparison(str(a_file), str(b_file))
     out.unpaired = len(set(a) ^ set(b))
+    scored = {"success", "failed"}
     for task_id in sorted(set(a) & set(b)):
         x, y = a[task_id], b[task_id]
-        scored = {"success", "failed"}
         if x.outcome not in scored or y.outcome not in scored:
             out.unpaired += 1
         elif x.outcome == y.outcome:
@@ -124,23 +130,18 @@ def compare(a_file: Path, b_file: Path) -> PairedComparison:
 
 
 def action_line(action_json: str | None) -> str:
-    """A stored step's parsed action in a few words: ``Click Reports [5]``, ``Type "x" Name [3]``, ``exit "20.5"``."""
+    """A stored step's action (``env.actions.Action`` as JSON) as the actor wrote it, after the element it named:
+    ``Reports: do(action='Click', element='5')``."""
     if not action_json:
         return "(no action)"
-    a = json.loads(action_json)
-    name = a.get("name") or "?"
-    element = next((c.split(":", 1)[1].strip() for c in a.get("comments") or [] if c.startswith("# Element:")), "")
-    parts = [name]
-    if a.get("argument") is not None:
-        parts.append(json.dumps(a["argument"]))
-    if a.get("message") is not None:
-        parts.append(json.dumps(a["message"]))
-    if a.get("element") is not None:
-        parts.append(f"{element} [{a['element']}]".strip())
-    return " ".join(parts)
+    action = Action(**json.loads(action_json))
+    named = next((c.split(":", 1)[1].strip() for c in action.comments if c.startswith("# Element:")), "")
+    return f"{named}: {action}" if named else str(action)
 
 
-def episode_actions(eval_file: Path, episode_id: str) -> list[str]:
-    """The actions of one evaluation episode, in order."""
-    steps = TrajectoryStore(run_dir_of(eval_file)).steps(episode_ids=[episode_id])
-    return [action_line(s["action"]) for s in steps]
+def episode_actions(eval_file: Path, episode_ids: list[str]) -> dict[str, list[str]]:
+    """The actions of evaluation episodes, in order, by episode id (one store query)."""
+    out: dict[str, list[str]] = {eid: [] for eid in episode_ids}
+    for step in TrajectoryStore(run_dir_of(eval_file)).steps(episode_ids=list(episode_ids)):  # ordered by idx
+        out[step["episode_id"]].append(action_line(step["action"]))
+    return out

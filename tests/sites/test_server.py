@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
+import time
 
 import httpx
 import pytest
@@ -57,6 +59,15 @@ def test_both_worker_modes_serve_and_stop(workers):
         assert child.poll() is not None  # the child process is gone
     with pytest.raises(ValueError, match="workers"):
         EmbeddedSites(workers="fork")
+
+
+def test_a_child_that_dies_is_reported_at_once_with_its_exit_code(monkeypatch):
+    """The child's start limit is long (training may hold both cores), so a child that exits must not wait it out."""
+    monkeypatch.setattr(sys, "executable", "/bin/false")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"exit code 1"):
+        EmbeddedSites(data_seed=0, workers="process", sites=("map",)).start()
+    assert time.monotonic() - t0 < 30
 
 
 def test_login_form_and_bad_password(sites):

@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import uvicorn
@@ -111,7 +111,9 @@ class EmbeddedSites:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ lifecycle
-    def start(self, timeout: float = 60.0) -> "EmbeddedSites":
+    def start(self, timeout: float = 180.0) -> "EmbeddedSites":
+        # 180 s: a child that imports Starlette and writes five templates while training holds both cores has taken
+        # over 60 s; a child that exits is reported at once (``wait_ready``'s ``alive``), not after the timeout
         if self._thread is not None or self._proc is not None:
             return self
         if self.workdir is None:
@@ -168,7 +170,7 @@ class EmbeddedSites:
             self._proc = subprocess.Popen([sys.executable, "-c", child, json.dumps(spec)], pass_fds=spec["fds"],
                                           env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         try:
-            self.wait_ready(timeout)
+            self.wait_ready(timeout, alive=lambda: self._proc is not None and self._proc.poll() is None)
         except Exception as e:
             code = self._proc.poll()
             tail = log.read_text(errors="replace")[-2000:]
@@ -236,8 +238,8 @@ class EmbeddedSites:
     def eval_helpers(self) -> dict[str, Any]:
         return {}
 
-    def wait_ready(self, timeout: float = 10.0) -> None:
-        """Block until every site answers HTTP (used by tests and the CLI)."""
+    def wait_ready(self, timeout: float = 10.0, alive: Callable[[], bool] = lambda: True) -> None:
+        """Block until every site answers HTTP (used by tests and the CLI); stop early once ``alive()`` is false."""
         deadline = time.monotonic() + timeout
         for url in self.urls.values():
             while True:
@@ -245,7 +247,7 @@ class EmbeddedSites:
                     httpx.get(url + "/static/style.css", timeout=2)
                     break
                 except httpx.HTTPError:
-                    if time.monotonic() > deadline:
+                    if time.monotonic() > deadline or not alive():
                         raise
                     time.sleep(0.05)
 

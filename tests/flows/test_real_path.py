@@ -89,6 +89,13 @@ def test_webarena_local_closes_the_phase_loop(tmp_path, served_sites):
     for k in (1, 2):
         report = json.loads((run / "reports" / f"phase={k}.json").read_text())
         assert report["actor_n_train"] > 0 and report["critic_steps"] > 0 and report["replay_kept"] > 0
+    # phase 2's filter is the trained critic: every candidate it scored is listed with its value, per site in the report
+    valued = json.loads((run / "tasks" / "phase=2" / "valued.json").read_text())
+    assert valued and all(0.0 <= t["critic_value"] <= 1.0 and isinstance(t["kept"], bool) for t in valued)
+    report = json.loads((run / "reports" / "phase=2.json").read_text())
+    sites = {t["sites"][0] for t in valued}
+    assert {f"critic_value_median_{s}" for s in sites} <= set(report)
+    assert not (run / "tasks" / "phase=1" / "valued.json").exists()  # phase 1 skips the filter: nothing scored
     logs = sorted(p.name for p in (run / "serving").iterdir())
     assert logs == sorted(f"webrl-{a.sha256[:12]}.log" for a in actors)
     assert not _engines(tmp_path)

@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from webrl_core.learn.curriculum import (ChatGenerator, EmbeddedGenerator, backtick_tasks, dedupe, filter_by_value,
-                                   normalise_intent, top_up)
+                                   normalise_intent, top_up, value_by_site)
 from webrl_core.sites import vary_task
 from webrl_core.sites.tasks import train_tasks
 
@@ -109,3 +109,13 @@ def test_top_up_takes_turns_between_sites():
     assert kept == []
     assert [t["task_id"] for t in top_up(kept, dropped, 4, 0.05, 0.75)] == ["m0", "g1", "m1", "g0"]
     assert [t["task_id"] for t in top_up(kept, dropped, 7, 0.05, 0.75)] == ["m0", "g1", "m1", "g0", "m2", "g2", "m3"]
+
+
+def test_value_by_site_says_where_the_window_cut_each_site():
+    tasks = [{"task_id": f"t{i}", "sites": [site]} for i, site in enumerate(["reddit"] * 3 + ["gitlab"] * 2)]
+    values = [(0.01, 0.01, 0.02), (0.03, 0.04, 0.03), (0.02, 0.02, 0.05), (0.3, 0.3, 0.4), (0.9, 0.95, 0.9)]
+    kept, dropped = filter_by_value(tasks, values, 0.05, 0.75)
+    by = value_by_site(kept + dropped)
+    assert by["reddit"] == {"n": 3, "median": 0.02, "min": 0.01, "max": 0.03}  # every reddit task below the window
+    assert by["gitlab"]["n"] == 2 and by["gitlab"]["median"] == pytest.approx(0.6)
+    assert [t["task_id"] for t in kept] == ["t3"]

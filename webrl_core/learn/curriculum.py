@@ -187,6 +187,22 @@ def filter_by_value(tasks: list[dict], values: list[tuple[float, float, float]],
     return kept, dropped
 
 
+def value_by_site(tasks: Iterable[dict]) -> dict[str, dict[str, float]]:
+    """Per (first) site of ``tasks`` annotated by ``filter_by_value``: how many, and the median, lowest and highest
+    critic value V, so a phase's report says where the filter's window cut each site (a site whose every candidate
+    lies outside [low, high] drops out of the curriculum)."""
+    by: dict[str, list[float]] = {}
+    for t in tasks:
+        by.setdefault((t.get("sites") or ["?"])[0], []).append(float(t["critic_value"]))
+    out = {}
+    for site, vs in sorted(by.items()):
+        vs.sort()
+        mid = len(vs) // 2
+        median = vs[mid] if len(vs) % 2 else (vs[mid - 1] + vs[mid]) / 2
+        out[site] = {"n": len(vs), "median": median, "min": vs[0], "max": vs[-1]}
+    return out
+
+
 def top_up(kept: list[dict], dropped: list[dict], n_min: int, low: float, high: float) -> list[dict]:
     """Add the dropped tasks whose value is nearest [low, high] until ``n_min`` are kept (marked ``filter_top_up``),
     site by site: the nearest dropped task of every site first, then the second nearest of each, and so on.

@@ -15,7 +15,8 @@ import random
 from webrl_core import identity
 from webrl_core.artifacts import ArtifactRef, read_json
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.curriculum import ChatGenerator, EmbeddedGenerator, HFGenerator, dedupe, filter_by_value, top_up
+from webrl_core.learn.curriculum import (ChatGenerator, EmbeddedGenerator, HFGenerator, dedupe, filter_by_value, top_up,
+                                         value_by_site)
 from webrl_core.env.browser import BrowserPool
 from webrl_core.env.web_env import WebEnv
 from webrl_core.learn.orm import OrmScorer
@@ -138,13 +139,20 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
         how = "skip (no trained critic in phase 1)"
         kept, dropped = list(cands), []
     n_passed = len(kept)
+    valued = [t for t in kept + dropped if "critic_value" in t]  # every candidate the filter scored (none if it skipped)
     kept = top_up(kept, dropped, math.ceil(cur.min_kept_fraction * cur.tasks_per_phase), cur.filter_low,
                   cur.filter_high)
     rng = random.Random(settings.run.seed * 31 + phase)
     rng.shuffle(kept)
     kept = sorted(kept[: cur.tasks_per_phase], key=lambda t: t["task_id"])
-    ref = write_json_version(kept, phase_dir(run_dir, "tasks", phase) / "filtered.json",
-                             output_key(settings, candidates_ref, critic_ref, trained_critic, orm_ref))
+    key = output_key(settings, candidates_ref, critic_ref, trained_critic, orm_ref)
+    ref = write_json_version(kept, phase_dir(run_dir, "tasks", phase) / "filtered.json", key)
+    if valued:  # where the window cut each site: every scored candidate, its value and whether the phase runs it
+        ran = {t["task_id"] for t in kept}
+        write_json_version(sorted((dict(t, kept=t["task_id"] in ran) for t in valued), key=lambda t: t["task_id"]),
+                           phase_dir(run_dir, "tasks", phase) / "valued.json", key)
+    values = {f"{how}_value_{stat}_{site}": v for site, row in value_by_site(valued).items()
+              for stat, v in row.items() if stat != "n"}
     return ref, {"filter": how, "candidates": len(cands), "kept_by_critic": n_passed, "kept": len(kept),
                  "topped_up": sum(1 for t in kept if t.get("filter_top_up")), "dropped": len(dropped),
-                 **{f"kept_{k}": v for k, v in count_sites(kept).items()}}
+                 **{f"kept_{k}": v for k, v in count_sites(kept).items()}, **values}

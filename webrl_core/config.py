@@ -423,6 +423,10 @@ class CurriculumConfig(Section):
     min_kept_fraction: float = Field(
         0.25, ge=0, le=1, description="if the value filter keeps fewer than this fraction of tasks_per_phase, top up "
         "with the dropped tasks nearest the window, taking turns between sites (official: 0, a phase may get no tasks)")
+    min_kept_per_site: int = Field(
+        0, ge=0, description="after the filter (and the phase's cap), every site among the candidates keeps at least "
+        "this many tasks: its dropped ones nearest the window, marked filter_top_up (may exceed tasks_per_phase by "
+        "sites x this). 0 = the paper's window alone; not in the paper or the official code")
     phase1_filter: Literal["skip", "orm"] = Field("skip", description="filter in phase 1 without a trained critic")
     human_review: bool = Field(False, description="pause the flow for approval of generated tasks in the Prefect UI")
     review_timeout_s: int = Field(3600, ge=1, description="seconds to wait for review before the default applies")

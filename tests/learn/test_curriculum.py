@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from webrl_core.learn.curriculum import (ChatGenerator, EmbeddedGenerator, backtick_tasks, dedupe, filter_by_value,
-                                   normalise_intent, top_up, value_by_site)
+                                   normalise_intent, top_up, top_up_sites, value_by_site)
 from webrl_core.sites import vary_task
 from webrl_core.sites.tasks import train_tasks
 
@@ -119,3 +119,17 @@ def test_value_by_site_says_where_the_window_cut_each_site():
     assert by["reddit"] == {"n": 3, "median": 0.02, "min": 0.01, "max": 0.03}  # every reddit task below the window
     assert by["gitlab"]["n"] == 2 and by["gitlab"]["median"] == pytest.approx(0.6)
     assert [t["task_id"] for t in kept] == ["t3"]
+
+
+def test_top_up_sites_keeps_a_site_whose_every_candidate_left_the_window():
+    tasks = [{"task_id": f"r{i}", "sites": ["reddit"]} for i in range(4)] + \
+            [{"task_id": f"g{i}", "sites": ["gitlab"]} for i in range(3)]
+    values = [(v, v, v) for v in (0.001, 0.04, 0.0, 0.02, 0.3, 0.4, 0.99)]
+    kept, dropped = filter_by_value(tasks, values, 0.05, 0.75)
+    assert {t["task_id"] for t in kept} == {"g0", "g1"}  # reddit is out of the window entirely
+    assert top_up_sites(kept, dropped, 0, 0.05, 0.75) == kept  # 0: the paper's window alone
+    out = top_up_sites(kept, dropped, 2, 0.05, 0.75)
+    added = [t for t in out if t.get("filter_top_up")]
+    assert [t["task_id"] for t in added] == ["r1", "r3"]  # reddit's two nearest the window; gitlab already has 2
+    assert len({t["task_id"] for t in out}) == len(out)  # no task twice
+    assert [t["task_id"] for t in top_up_sites(out, dropped, 2, 0.05, 0.75)] == [t["task_id"] for t in out]

@@ -16,7 +16,8 @@ Phase 1 has no trained critic: ``phase1_filter: skip`` keeps all, ``orm`` uses t
 empty trajectory instead; the choice is recorded in the phase summary.
 
 If fewer than ``min_kept_fraction * tasks_per_phase`` pass, the dropped tasks nearest the window top the set
-up (``min_kept_fraction: 0`` is the official behaviour).
+up (``min_kept_fraction: 0`` is the official behaviour); ``min_kept_per_site`` (off by default, ours) keeps every
+site's nearest few so no site leaves the curriculum for good.
 
 De-duplication: a new task is dropped when its normalised intent (lowercase, collapsed whitespace, no
 trailing punctuation) equals that of any earlier task of the run or of another new task.
@@ -185,6 +186,27 @@ def filter_by_value(tasks: list[dict], values: list[tuple[float, float, float]],
         t = dict(t, critic_value=float(v), critic_p1=float(p1), critic_p2=float(p2))
         (kept if low <= v <= high else dropped).append(t)
     return kept, dropped
+
+
+def top_up_sites(kept: list[dict], dropped: list[dict], n_per_site: int, low: float, high: float) -> list[dict]:
+    """Add, for every (first) site among ``kept + dropped`` with fewer than ``n_per_site`` kept tasks, its dropped
+    tasks nearest [low, high] until it has ``n_per_site`` (marked ``filter_top_up``). Not in the paper or the official
+    code: once a site's every candidate falls outside the window it gets no rollouts, hence no failures to evolve
+    from, and leaves the curriculum for good (seed 1 of ``demo-full``: reddit after phase 1)."""
+    if n_per_site <= 0:
+        return kept
+    site = lambda t: (t.get("sites") or ["?"])[0]  # noqa: E731
+    dist = lambda t: max(low - t["critic_value"], t["critic_value"] - high, 0.0)  # noqa: E731
+    have: dict[str, int] = {}
+    for t in kept:
+        have[site(t)] = have.get(site(t), 0) + 1
+    ids = {t["task_id"] for t in kept}
+    added = []
+    for t in sorted(dropped, key=dist):
+        if t["task_id"] not in ids and have.get(site(t), 0) < n_per_site:
+            have[site(t)] = have.get(site(t), 0) + 1
+            added.append(dict(t, filter_top_up=True))
+    return kept + added
 
 
 def value_by_site(tasks: Iterable[dict]) -> dict[str, dict[str, float]]:

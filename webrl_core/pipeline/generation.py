@@ -16,7 +16,7 @@ from webrl_core import identity
 from webrl_core.artifacts import ArtifactRef, read_json
 from webrl_core.learn.critic import Critic
 from webrl_core.learn.curriculum import (ChatGenerator, EmbeddedGenerator, HFGenerator, dedupe, filter_by_value, top_up,
-                                         value_by_site)
+                                         top_up_sites, value_by_site)
 from webrl_core.env.browser import BrowserPool
 from webrl_core.env.web_env import WebEnv
 from webrl_core.learn.orm import OrmScorer
@@ -144,7 +144,8 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
                   cur.filter_high)
     rng = random.Random(settings.run.seed * 31 + phase)
     rng.shuffle(kept)
-    kept = sorted(kept[: cur.tasks_per_phase], key=lambda t: t["task_id"])
+    kept = top_up_sites(kept[: cur.tasks_per_phase], dropped, cur.min_kept_per_site, cur.filter_low, cur.filter_high)
+    kept = sorted(kept, key=lambda t: t["task_id"])
     key = output_key(settings, candidates_ref, critic_ref, trained_critic, orm_ref)
     ref = write_json_version(kept, phase_dir(run_dir, "tasks", phase) / "filtered.json", key)
     if valued:  # where the window cut each site: every scored candidate, its value and whether the phase runs it

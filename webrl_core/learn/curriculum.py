@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 import re
+import statistics
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
@@ -188,6 +189,15 @@ def filter_by_value(tasks: list[dict], values: list[tuple[float, float, float]],
     return kept, dropped
 
 
+def _window_distance(task: dict, low: float, high: float) -> float:
+    """How far a task's critic value lies outside [low, high] (0 inside): the top-ups take the nearest first."""
+    return max(low - task["critic_value"], task["critic_value"] - high, 0.0)
+
+
+def _first_site(task: dict) -> str:
+    return (task.get("sites") or ["?"])[0]
+
+
 def top_up_sites(kept: list[dict], dropped: list[dict], n_per_site: int, low: float, high: float) -> list[dict]:
     """Add, for every (first) site among ``kept + dropped`` with fewer than ``n_per_site`` kept tasks, its dropped
     tasks nearest [low, high] until it has ``n_per_site`` (marked ``filter_top_up``). Not in the paper or the official
@@ -195,16 +205,14 @@ def top_up_sites(kept: list[dict], dropped: list[dict], n_per_site: int, low: fl
     from, and leaves the curriculum for good (seed 1 of ``demo-full``: reddit after phase 1)."""
     if n_per_site <= 0:
         return kept
-    site = lambda t: (t.get("sites") or ["?"])[0]  # noqa: E731
-    dist = lambda t: max(low - t["critic_value"], t["critic_value"] - high, 0.0)  # noqa: E731
     have: dict[str, int] = {}
     for t in kept:
-        have[site(t)] = have.get(site(t), 0) + 1
+        have[_first_site(t)] = have.get(_first_site(t), 0) + 1
     ids = {t["task_id"] for t in kept}
     added = []
-    for t in sorted(dropped, key=dist):
-        if t["task_id"] not in ids and have.get(site(t), 0) < n_per_site:
-            have[site(t)] = have.get(site(t), 0) + 1
+    for t in sorted(dropped, key=lambda t: _window_distance(t, low, high)):
+        if t["task_id"] not in ids and have.get(_first_site(t), 0) < n_per_site:
+            have[_first_site(t)] = have.get(_first_site(t), 0) + 1
             added.append(dict(t, filter_top_up=True))
     return kept + added
 
@@ -215,14 +223,9 @@ def value_by_site(tasks: Iterable[dict]) -> dict[str, dict[str, float]]:
     lies outside [low, high] drops out of the curriculum)."""
     by: dict[str, list[float]] = {}
     for t in tasks:
-        by.setdefault((t.get("sites") or ["?"])[0], []).append(float(t["critic_value"]))
-    out = {}
-    for site, vs in sorted(by.items()):
-        vs.sort()
-        mid = len(vs) // 2
-        median = vs[mid] if len(vs) % 2 else (vs[mid - 1] + vs[mid]) / 2
-        out[site] = {"n": len(vs), "median": median, "min": vs[0], "max": vs[-1]}
-    return out
+        by.setdefault(_first_site(t), []).append(float(t["critic_value"]))
+    return {site: {"n": len(vs), "median": statistics.median(vs), "min": min(vs), "max": max(vs)}
+            for site, vs in sorted(by.items())}
 
 
 def top_up(kept: list[dict], dropped: list[dict], n_min: int, low: float, high: float) -> list[dict]:
@@ -236,10 +239,9 @@ def top_up(kept: list[dict], dropped: list[dict], n_min: int, low: float, high: 
     need = n_min - len(kept)
     if need <= 0:
         return kept
-    dist = lambda t: max(low - t["critic_value"], t["critic_value"] - high, 0.0)  # noqa: E731
     turn: dict[tuple, int] = {}
     ranked = []
-    for i, t in enumerate(sorted(dropped, key=dist)):
+    for i, t in enumerate(sorted(dropped, key=lambda t: _window_distance(t, low, high))):
         site = tuple(t.get("sites") or ())
         turn[site] = turn.get(site, -1) + 1
         ranked.append((turn[site], i, t))

@@ -139,7 +139,7 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
         how = "skip (no trained critic in phase 1)"
         kept, dropped = list(cands), []
     n_passed = len(kept)
-    valued = [t for t in kept + dropped if "critic_value" in t]  # every candidate the filter scored (none if it skipped)
+    valued = [t for t in kept + dropped if "critic_value" in t]  # every candidate the filter scored (none: skipped)
     kept = top_up(kept, dropped, math.ceil(cur.min_kept_fraction * cur.tasks_per_phase), cur.filter_low,
                   cur.filter_high)
     rng = random.Random(settings.run.seed * 31 + phase)

@@ -58,7 +58,7 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
                 log.info("seed %d, %s: %d phases done", seed, v, phases)
     summary = ablation.summarise(ablation.ablation_rows(root, seeds, variants))
     table = ablation.markdown(summary) + ablation.stops_markdown(stops)
-    order = ablation.fig5_order(summary)
+    order = ablation.fig5_order(summary, variants)
     plot = ablation.plot(summary, root / "ablation.png")
     report = root / "ablation.md"
     source = f", phase 0 of {shared}" if shared else ""

@@ -82,6 +82,9 @@ def test_summary_table_verdict_and_plot(tmp_path):
     assert ablation.fig5_order(ablation.summarise(tied)) == (
         "phase 2: webrl 0.0% = no-replay 0.0% = no-kl-no-replay 0.0%; Fig. 5's order does not hold")
     assert ablation.fig5_order(ablation.summarise(rows[:3])).startswith("incomplete")
+    # an ablation asked for one variant has no order to check, and does not blame the variants it never ran
+    assert ablation.fig5_order(ablation.summarise(rows[:3]), ["webrl"]) == (
+        "Fig. 5's order not checked: it needs webrl, no-replay, no-kl-no-replay; this ablation ran webrl")
     # seed 1 of no-kl-no-replay stopped after phase 1: its phase-2 cell has one seed, and says so; the stop is named
     partial = [r for r in rows if not (r["variant"] == "no-kl-no-replay" and r["seed"] == 1 and r["phase"] == 2)]
     table = ablation.markdown(ablation.summarise(partial))

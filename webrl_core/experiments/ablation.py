@@ -183,8 +183,13 @@ def stops_markdown(stops: list[dict]) -> str:
     return "\nStopped runs (their later phases are missing from the table):\n\n" + "\n".join(lines) + "\n"
 
 
-def fig5_order(summary: list[dict]) -> str:
-    """Whether the last phase orders the variants as the paper's Fig. 5 (WebRL > w/o replay > w/o KL and replay)."""
+def fig5_order(summary: list[dict], variants: list[str] | None = None) -> str:
+    """Whether the last phase orders the variants as the paper's Fig. 5 (WebRL > w/o replay > w/o KL and replay).
+    ``variants``: the ones the ablation was asked to run (default all); without all three there is no order to
+    check, which is said as such rather than as a variant that fell short."""
+    asked = list(VARIANTS) if variants is None else list(variants)
+    if not all(v in asked for v in VARIANTS):
+        return f"Fig. 5's order not checked: it needs {', '.join(VARIANTS)}; this ablation ran {', '.join(asked)}"
     last = max((s["phase"] for s in summary), default=0)
     means = {s["variant"]: s["mean"] for s in summary if s["phase"] == last}
     if not all(v in means for v in VARIANTS):

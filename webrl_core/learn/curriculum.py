@@ -28,6 +28,7 @@ from __future__ import annotations
 import random
 import re
 import statistics
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
 
@@ -205,14 +206,12 @@ def top_up_sites(kept: list[dict], dropped: list[dict], n_per_site: int, low: fl
     from, and leaves the curriculum for good (seed 1 of ``demo-full``: reddit after phase 1)."""
     if n_per_site <= 0:
         return kept
-    have: dict[str, int] = {}
-    for t in kept:
-        have[_first_site(t)] = have.get(_first_site(t), 0) + 1
+    have = Counter(map(_first_site, kept))
     ids = {t["task_id"] for t in kept}
     added = []
     for t in sorted(dropped, key=lambda t: _window_distance(t, low, high)):
-        if t["task_id"] not in ids and have.get(_first_site(t), 0) < n_per_site:
-            have[_first_site(t)] = have.get(_first_site(t), 0) + 1
+        if t["task_id"] not in ids and have[_first_site(t)] < n_per_site:
+            have[_first_site(t)] += 1
             added.append(dict(t, filter_top_up=True))
     return kept + added
 

@@ -319,7 +319,8 @@ def docs_cwd(smoke_run, tmp_path_factory):
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", WEBRL_TRACEBACK="")
+    env = dict(os.environ, PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}", WEBRL_TRACEBACK="",
+               PYTHONFAULTHANDLER="1")
     for k in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
         env.pop(k, None)
     return env
@@ -380,12 +381,25 @@ def test_duckdb_cli_opens_the_store_as_documented(docs_cwd):
 
 
 def _stop(proc: subprocess.Popen, sig: signal.Signals) -> int:
+    """Send ``sig`` and wait for the exit code; a process still running after 60 s is made to print every thread's
+    stack (``PYTHONFAULTHANDLER`` in ``_env`` dumps them on SIGABRT) and the failure shows where it hung."""
     proc.send_signal(sig)
     try:
         return proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        time.sleep(5)
         os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError(f"still running 60 s after {sig.name}")
+        tail = b""
+        if proc.stdout is not None:  # whatever is buffered; a grandchild outside the group may hold the pipe open
+            fd = proc.stdout.fileno()
+            os.set_blocking(fd, False)
+            try:
+                tail = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                pass
+        raise AssertionError(f"still running 60 s after {sig.name}; its threads:\n"
+                             f"{tail.decode(errors='replace')[-6000:]}")
 
 
 def test_serve_mlflow_as_documented(docs_cwd):

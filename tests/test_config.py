@@ -75,6 +75,13 @@ def test_entity_levers_are_refused_on_real_webarena():
         assert load_config(sets=[f"{field}={value}"]).sites.mode == "embedded"  # fine on the embedded sites
 
 
+def test_breadth_is_refused_for_the_llm_generators():
+    with pytest.raises(ConfigError, match=r"curriculum.breadth=0.5 applies to generator=embedded"):
+        load_config(sets=["curriculum.generator=openai", "curriculum.base_url=http://127.0.0.1:9/v1",
+                          "curriculum.breadth=0.5"])
+    assert load_config(sets=["curriculum.breadth=0.5"]).curriculum.breadth == 0.5
+
+
 def test_webarena_env_vars_override_urls():
     env = {"SHOPPING": "http://10.0.0.1:7770/", "WA_GITLAB": "http://10.0.0.1:8023", "REDDIT": ""}
     assert env_site_urls(env) == {"shopping": "http://10.0.0.1:7770", "gitlab": "http://10.0.0.1:8023"}

@@ -408,6 +408,10 @@ class CurriculumConfig(Section):
     rollouts_per_task: int = Field(
         1, ge=1, description="episodes the phase's actor samples on each kept task (official and paper: 1); more "
         "gives a task the actor solves rarely more chances to be solved once, so its success enters the update")
+    breadth: float = Field(
+        0.0, ge=0, le=1, description="generator=embedded: share of the generated tasks drawn from another task family "
+        "of the failed task's site instead of its own (a different kind of task on the same website, the paper's "
+        "in-breadth evolving; the LLM generators do this by their prompt). 0 = within the family only; ours")
     generation_turns: int = Field(2, ge=1, description="LLM calls per site per phase")
     seed_num: int = Field(10, ge=1, description="failed tasks shown per LLM call")
     base_url: str | None = Field(None, description="OpenAI-compatible endpoint of the generator")
@@ -437,6 +441,13 @@ class CurriculumConfig(Section):
     @classmethod
     def _seed_file(cls, v: str | None) -> str | None:
         return _existing_path(v, "curriculum.seed_tasks")
+
+    @model_validator(mode="after")
+    def _breadth_is_embedded(self) -> CurriculumConfig:
+        if self.breadth > 0 and self.generator != "embedded":
+            raise ValueError(f"curriculum.breadth={self.breadth} applies to generator=embedded (task families); "
+                             f"generator={self.generator!r} writes varied tasks by its prompt: set breadth to 0")
+        return self
 
 
 class BootstrapConfig(Section):

@@ -8,7 +8,7 @@ import pytest
 from webrl_core.learn.curriculum import (ChatGenerator, EmbeddedGenerator, backtick_tasks, dedupe, filter_by_value,
                                    normalise_intent, top_up, top_up_sites, value_by_site)
 from webrl_core.sites import vary_task
-from webrl_core.sites.tasks import train_tasks
+from webrl_core.sites.tasks import train_tasks, widen_task
 
 
 def _tasks(n):
@@ -56,6 +56,26 @@ def test_embedded_generator_varies_within_the_family():
         parent = parents[child["parent_task_id"]]
         assert child["family"] == parent["family"] and child["sites"] == parent["sites"]
         assert child["eval"]  # a verifiable evaluator comes along
+
+
+def test_embedded_generator_breadth_draws_other_families_of_the_site():
+    seeds = train_tasks(12, seed=4)
+    by_site = {}
+    for t in seeds:
+        by_site.setdefault(t["sites"][0], []).append({"task_id": t["task_id"], "intent": t["intent"], "config": t})
+    parents = {t["task_id"]: t for t in seeds}
+    wide = EmbeddedGenerator(vary_task, widen=widen_task, breadth=1.0).generate(by_site, random.Random(0), 8)
+    for child in wide:
+        parent = parents[child["parent_task_id"]]
+        assert child["sites"] == parent["sites"] and child["family"] != parent["family"] and child["eval"]
+    half = EmbeddedGenerator(vary_task, widen=widen_task, breadth=0.5).generate(by_site, random.Random(0), 40)
+    other = sum(c["family"] != parents[c["parent_task_id"]]["family"] for c in half)
+    assert 0.3 * len(half) < other < 0.7 * len(half)
+    # breadth 0 is the within-family generator draw for draw: a run without the knob generates what it did before
+    assert (EmbeddedGenerator(vary_task, widen=widen_task, breadth=0.0).generate(by_site, random.Random(1), 5)
+            == EmbeddedGenerator(vary_task).generate(by_site, random.Random(1), 5))
+    with pytest.raises(ValueError, match="widen"):
+        EmbeddedGenerator(vary_task, breadth=0.5)
 
 
 class _ChatStub(BaseHTTPRequestHandler):

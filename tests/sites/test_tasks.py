@@ -7,7 +7,7 @@ import random
 
 from webrl_core.sites.data import site_data
 from webrl_core.sites.families import FAMILIES
-from webrl_core.sites.tasks import TEST_COUNTS, _pools, train_tasks, vary_task
+from webrl_core.sites.tasks import TEST_COUNTS, _pools, families_of, train_tasks, vary_task, widen_task
 from webrl_core.sites.tasks import test_set as held_out_set
 
 KEYS = {"sites", "task_id", "require_login", "storage_state", "start_url", "geolocation", "intent_template",
@@ -60,6 +60,16 @@ def test_vary_task_keeps_family_and_rebuilds_the_evaluator():
         # the evaluator is the family's, for the NEW instantiation (rebuilding it gives the same thing)
         fam = FAMILIES[v["family"]]
         assert fam.build(v["instantiation_dict"], site_data(0))["eval"] == v["eval"]
+
+
+def test_widen_task_draws_another_family_of_the_same_site_with_its_evaluator():
+    rng = random.Random(0)
+    for t in train_tasks(len(FAMILIES), seed=6):
+        seen = {widen_task(t, rng)["family"] for _ in range(60)}
+        site_families = {f.name for f in families_of(t["sites"][0])}
+        assert seen == site_families - {t["family"]}  # every other family of the site, never its own
+    w = widen_task(t, rng)
+    assert FAMILIES[w["family"]].build(w["instantiation_dict"], site_data(0))["eval"] == w["eval"]
 
 
 def test_entity_names_cover_what_intents_name():

@@ -5,7 +5,9 @@ Generation (WebRL paper, arXiv 2411.02337, Sec. 3.1): per site, ``generation_tur
 and difficulty, more diverse, reusing the variable values of the examples. Generators:
 
 - ``EmbeddedGenerator``: for the embedded sites, varies each failed task within its site family
-  (``webrl_core.sites.vary_task``), so new tasks come with verifiable evaluators;
+  (``webrl_core.sites.vary_task``), so new tasks come with verifiable evaluators; with ``breadth`` > 0 that share
+  of the children are tasks of another family of the parent's site (``webrl_core.sites.tasks.widen_task``), the
+  paper's "more diverse, same domain" that a within-family variation cannot give (ours, off by default);
 - ``ChatGenerator``: an OpenAI-compatible chat endpoint (the official setup used GPT-4o); every
   backtick-enclosed span of the reply is a new task, wrapped in a config with a dummy evaluator;
 - ``HFGenerator``: the same prompt through a local Hugging Face causal LM.
@@ -87,10 +89,17 @@ class Generator(Protocol):
 
 @dataclass
 class EmbeddedGenerator:
-    """Vary failed embedded tasks within their families (verifiable evaluators come along)."""
+    """Vary failed embedded tasks within their families (verifiable evaluators come along); a ``breadth`` share of
+    the children are tasks of another family of the parent's site instead (``widen``)."""
 
     vary: Callable[[dict, random.Random], dict]
     name: str = "embedded"
+    widen: Callable[[dict, random.Random], dict] | None = None
+    breadth: float = 0.0
+
+    def __post_init__(self):
+        if self.breadth > 0 and self.widen is None:
+            raise ValueError(f"EmbeddedGenerator: breadth={self.breadth} needs a widen function")
 
     def generate(self, failed_by_site: dict[str, list[dict]], rng: random.Random, n_per_site: int) -> list[dict]:
         out = []
@@ -100,7 +109,9 @@ class EmbeddedGenerator:
                 continue
             for i in range(n_per_site):
                 parent = seeds[i % len(seeds)] if i < len(seeds) else rng.choice(seeds)
-                child = self.vary(parent["config"], rng)
+                # breadth 0 draws nothing extra from rng: a run without it generates exactly what it did before
+                wide = self.breadth > 0 and rng.random() < self.breadth
+                child = (self.widen if wide else self.vary)(parent["config"], rng)
                 child["parent_task_id"] = parent["task_id"]
                 out.append(child)
         return out

@@ -26,7 +26,7 @@ from webrl_core.prompts import build_orm_prompt, prompt_format, round0_prompt
 from webrl_core.agent.rollout_policy import phase_policy_digest
 from webrl_core.runs.rundir import labelled_state, output_key, phase_dir, write_json_version
 from webrl_core.sites.session import site_session
-from webrl_core.sites.tasks import vary_task
+from webrl_core.sites.tasks import vary_task, widen_task
 from webrl_core.runs.store import TrajectoryStore
 
 SEED_TASKS_SQL = """SELECT DISTINCT e.site, e.task_id, e.intent, t.config_json FROM episodes e
@@ -63,7 +63,7 @@ def generate_tasks(settings, run_dir: str, phase: int, seed_purpose: str) -> tup
                                                    "config": json.loads(r["config_json"])})
     cur = settings.curriculum
     if cur.generator == "embedded":
-        gen = EmbeddedGenerator(vary_task)
+        gen = EmbeddedGenerator(vary_task, widen=widen_task, breadth=cur.breadth)
     elif cur.generator == "openai":
         gen = ChatGenerator(cur.base_url, cur.model_name, os.environ.get(cur.api_key_env),
                             cur.generation_turns, cur.seed_num)
@@ -83,6 +83,7 @@ def generate_tasks(settings, run_dir: str, phase: int, seed_purpose: str) -> tup
     ref = write_json_version(cands, phase_dir(run_dir, "tasks", phase) / "generated.json",
                              output_key(settings, labelled_state(run_dir, prev, args["pd"])))
     return ref, {"seed_source": seed_source, "seeds": len(seeds), "generated": len(cands),
+                 "generated_families": len({c.get("family") for c in cands}),
                  **{f"generated_{k}": v for k, v in count_sites(cands).items()}}
 
 

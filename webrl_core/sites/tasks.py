@@ -4,7 +4,9 @@
     (shopping 46, shopping_admin 36, gitlab 34, map 29, reddit 20; see TEST_COUNTS), drawn from each family's test pool;
   - ``train_tasks(n, seed)``: n tasks sampled round-robin over families from their training pools;
   - ``vary_task(task, rng)``: a new task of the same family (different training instantiation and/or
-    phrasing) with its own correct evaluator -- the curriculum's embedded generator.
+    phrasing) with its own correct evaluator -- the curriculum's embedded generator;
+  - ``widen_task(task, rng)``: a new task of ANOTHER family of the same site, with its evaluator -- the embedded
+    generator's in-breadth share (``curriculum.breadth``).
 Test and training instantiations are disjoint by construction (``families`` split rule).
 """
 
@@ -131,6 +133,18 @@ def vary_task(task: dict, rng: random.Random) -> dict:
         if new["intent"] != task.get("intent"):
             return new
     return new
+
+
+def widen_task(task: dict, rng: random.Random) -> dict:
+    """A new training task of another family of ``task``'s site (uniform over the site's other families), with its
+    own evaluator: a different kind of task on the same website, as the paper's in-breadth evolving asks of its
+    generator (arXiv 2411.02337, Sec. 3.1 and App. C: "the same domain ... more diverse"). A site with one family
+    gives a task of that family."""
+    site = task["sites"][0]
+    others = [f for f in families_of(site) if f.name != task.get("family")] or families_of(site)
+    if not others:
+        raise ValueError(f"task {task.get('task_id')!r}: site {site!r} has no task families; known sites: {SITES}")
+    return _train_task(rng.choice(others), rng, int(task.get("data_seed", 0)))
 
 
 def task_sites(tasks: list[dict]) -> dict[str, int]:

@@ -28,9 +28,18 @@ def _tasks(split: str, n: int | None, seed: int, data_seed: int) -> list[dict]:
 @app.command()
 def serve(data_seed: int = typer.Option(0, help="seed of the generated site data"),
           host: str = typer.Option("127.0.0.1", help="loopback interface to bind")) -> None:
-    """Start the five sites, print their URLs and logins, run until Ctrl-C."""
+    """Start the five sites, print their URLs and logins, run until Ctrl-C (or SIGTERM)."""
+    import signal
+
     from webrl_core.sites.server import SITE_APPS, EmbeddedSites
 
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    # installed explicitly: a process started with SIGINT ignored (a `&` job of a script, a pytest-xdist worker's
+    # child) inherits the ignore, and Ctrl-C or `kill -INT` would never reach the loop below
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
     with EmbeddedSites(data_seed=data_seed, host=host) as sites:
         for site, url in sites.urls.items():
             accounts = SITE_APPS[site].accounts

@@ -1,6 +1,7 @@
 """`webrl sites serve` stops on Ctrl-C and SIGTERM even when started with SIGINT ignored (a `&` job of a script or a
 pytest-xdist worker's child inherits the ignore; before the explicit handlers it served on until killed)."""
 
+import os
 import signal
 import subprocess
 import sys
@@ -31,4 +32,4 @@ def test_serve_stops_on_its_signal_with_sigint_inherited_as_ignored(sig):
         assert "stopping" in proc.stdout.read()
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # the group: the sites' child process too

@@ -70,6 +70,9 @@ def test_widen_task_draws_another_family_of_the_same_site_with_its_evaluator():
         assert seen == site_families - {t["family"]}  # every other family of the site, never its own
     w = widen_task(t, rng)
     assert FAMILIES[w["family"]].build(w["instantiation_dict"], site_data(0))["eval"] == w["eval"]
+    # a task in strict WebArena-Lite format (no ``family``) is of the family its intent_template_id encodes
+    strict = {k: v for k, v in t.items() if k != "family"}
+    assert all(widen_task(strict, rng)["family"] != t["family"] for _ in range(30))
 
 
 def test_entity_names_cover_what_intents_name():

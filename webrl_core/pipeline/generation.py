@@ -83,7 +83,7 @@ def generate_tasks(settings, run_dir: str, phase: int, seed_purpose: str) -> tup
     ref = write_json_version(cands, phase_dir(run_dir, "tasks", phase) / "generated.json",
                              output_key(settings, labelled_state(run_dir, prev, args["pd"])))
     return ref, {"seed_source": seed_source, "seeds": len(seeds), "generated": len(cands),
-                 "generated_families": len({c.get("family") for c in cands}),
+                 "generated_families": len({c["family"] for c in cands if "family" in c}),  # LLM tasks have none
                  **{f"generated_{k}": v for k, v in count_sites(cands).items()}}
 
 

@@ -117,16 +117,22 @@ def train_tasks(n: int, seed: int = 0, data_seed: int = 0, families: list[str] |
     return out
 
 
-def vary_task(task: dict, rng: random.Random) -> dict:
-    """A new training task of ``task``'s family: another instantiation and/or phrasing, with its own evaluator.
-    A task in strict WebArena-Lite format (no ``family``) is of the family its ``intent_template_id`` encodes."""
+def family_of(task: dict) -> Family:
+    """``task``'s family; a task in strict WebArena-Lite format (no ``family``) is of the family its
+    ``intent_template_id`` encodes."""
     name = task.get("family")
     if name is None and isinstance(task.get("intent_template_id"), int) and task["intent_template_id"] >= 0:
         names = list(FAMILIES)
         name = names[task["intent_template_id"] // 10] if task["intent_template_id"] // 10 < len(names) else None
     if name not in FAMILIES:
         raise ValueError(f"task {task.get('task_id')!r} has family {name!r}; known: {sorted(FAMILIES)}")
-    fam = FAMILIES[name]
+    return FAMILIES[name]
+
+
+def vary_task(task: dict, rng: random.Random) -> dict:
+    """A new training task of ``task``'s family (``family_of``): another instantiation and/or phrasing, with its own
+    evaluator."""
+    fam = family_of(task)
     data_seed = int(task.get("data_seed", 0))
     for _ in range(20):
         new = _train_task(fam, rng, data_seed)
@@ -136,14 +142,12 @@ def vary_task(task: dict, rng: random.Random) -> dict:
 
 
 def widen_task(task: dict, rng: random.Random) -> dict:
-    """A new training task of another family of ``task``'s site (uniform over the site's other families), with its
-    own evaluator: a different kind of task on the same website, as the paper's in-breadth evolving asks of its
-    generator (arXiv 2411.02337, Sec. 3.1 and App. C: "the same domain ... more diverse"). A site with one family
-    gives a task of that family."""
-    site = task["sites"][0]
-    others = [f for f in families_of(site) if f.name != task.get("family")] or families_of(site)
-    if not others:
-        raise ValueError(f"task {task.get('task_id')!r}: site {site!r} has no task families; known sites: {SITES}")
+    """A new training task of another family of the site of ``task``'s family (``family_of``; uniform over the
+    site's other families), with its own evaluator: a different kind of task on the same website, as the paper's
+    in-breadth evolving asks of its generator (arXiv 2411.02337, Sec. 3.1 and App. C: "the same domain ... more
+    diverse"). A site with one family gives a task of that family."""
+    own = family_of(task)
+    others = [f for f in families_of(own.site) if f.name != own.name] or [own]
     return _train_task(rng.choice(others), rng, int(task.get("data_seed", 0)))
 
 

@@ -30,11 +30,20 @@ def serve(data_seed: int = typer.Option(0, help="seed of the generated site data
           host: str = typer.Option("127.0.0.1", help="loopback interface to bind")) -> None:
     """Start the five sites, print their URLs and logins, run until Ctrl-C (or SIGTERM)."""
     import signal
+    import threading
 
     from webrl_core.sites.server import SITE_APPS, EmbeddedSites
 
+    stop_requested = threading.Event()
+
     def stop(signum, frame):
-        raise KeyboardInterrupt
+        # only a flag: an exception raised wherever the signal lands (inside an echo, during the sites' start or
+        # stop) would escape the loop's handler; the loop below notices the flag within its tick. Further signals
+        # are ignored so that a second Ctrl-C cannot cut the sites' stop short (Python restores the default
+        # handlers while it exits; an ignore stays)
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        stop_requested.set()
 
     # installed explicitly: a process started with SIGINT ignored (a `&` job of a script, a pytest-xdist worker's
     # child) inherits the ignore, and Ctrl-C or `kill -INT` would never reach the loop below
@@ -46,11 +55,9 @@ def serve(data_seed: int = typer.Option(0, help="seed of the generated site data
             login = ", ".join(f"{u} / {p}" for u, p in accounts.items()) or "no login"
             typer.echo(f"{site:15s} {url}   ({SITE_APPS[site].placeholder}; {login})")
         typer.echo("Serving; press Ctrl-C to stop.")
-        try:
-            while True:
-                time.sleep(1)
-        except KeyboardInterrupt:
-            typer.echo("stopping")
+        while not stop_requested.is_set():
+            time.sleep(0.2)  # the handler runs between sleeps; Event.wait is not safe to wake from a handler
+        typer.echo("stopping")
 
 
 @app.command()

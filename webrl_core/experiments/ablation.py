@@ -216,6 +216,7 @@ def plot(summary: list[dict], path: str | Path) -> Path:
         xs = [s["phase"] for s in pts]
         ax.plot(xs, [100 * s["mean"] for s in pts], marker="o", label=v)
         ax.fill_between(xs, [100 * s["min"] for s in pts], [100 * s["max"] for s in pts], alpha=0.2)
+    ax.set_xticks(sorted({s["phase"] for s in summary}))  # phases are whole numbers; no 0.5 ticks
     ax.set_xlabel("phase (0 = SFT bootstrap)")
     ax.set_ylabel("test success (%)")
     ax.set_title("WebRL ablation (mean over seeds, band = range)")

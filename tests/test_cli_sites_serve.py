@@ -17,10 +17,15 @@ def _ignore_sigint():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _serve_with_sigint_ignored() -> subprocess.Popen:
+    """`webrl sites serve` in a session of its own (its group can be killed whole), inheriting SIGINT as ignored."""
+    return subprocess.Popen([str(WEBRL), "sites", "serve"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True, preexec_fn=_ignore_sigint)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_serve_stops_on_its_signal_with_sigint_inherited_as_ignored(sig):
-    proc = subprocess.Popen([str(WEBRL), "sites", "serve"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, preexec_fn=_ignore_sigint)
+    proc = _serve_with_sigint_ignored()
     try:
         lines = []
         for line in proc.stdout:
@@ -40,8 +45,7 @@ def test_serve_stops_cleanly_on_a_stream_of_ctrl_c_from_its_start():
     """A signal may land anywhere (during the sites' start, inside an echo, while stopping): all of them end in one
     clean stop. (Raising KeyboardInterrupt from the handler let one landing in the "Serving" echo escape as exit 130,
     CI's failure; one landing while Python exits killed it.)"""
-    proc = subprocess.Popen([str(WEBRL), "sites", "serve"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, preexec_fn=_ignore_sigint)
+    proc = _serve_with_sigint_ignored()
     try:
         deadline = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < deadline:

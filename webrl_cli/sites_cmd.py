@@ -35,19 +35,20 @@ def serve(data_seed: int = typer.Option(0, help="seed of the generated site data
     from webrl_core.sites.server import SITE_APPS, EmbeddedSites
 
     stop_requested = threading.Event()
+    stop_signals = (signal.SIGINT, signal.SIGTERM)
 
     def stop(signum, frame):
         # only a flag: an exception raised wherever the signal lands (inside an echo, during the sites' start or
         # stop) would escape the loop's handler; the loop below notices the flag within its tick. Further signals
         # are ignored so that a second Ctrl-C cannot cut the sites' stop short (Python restores the default
         # handlers while it exits; an ignore stays)
-        for s in (signal.SIGINT, signal.SIGTERM):
+        for s in stop_signals:
             signal.signal(s, signal.SIG_IGN)
         stop_requested.set()
 
     # installed explicitly: a process started with SIGINT ignored (a `&` job of a script, a pytest-xdist worker's
     # child) inherits the ignore, and Ctrl-C or `kill -INT` would never reach the loop below
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in stop_signals:
         signal.signal(sig, stop)
     with EmbeddedSites(data_seed=data_seed, host=host) as sites:
         for site, url in sites.urls.items():

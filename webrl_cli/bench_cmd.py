@@ -170,6 +170,34 @@ def bench_next_action(run: Optional[str] = typer.Option(None, help="run dir: eve
               val_steps=val_steps, out=out)
 
 
+@app.command("orm")
+def bench_orm(train_run: list[str] = typer.Option([], help="run dir whose policy episodes (bootstrap, random, "
+                                                          "rollout; never eval) train the ORM (repeatable)"),
+              test_run: list[str] = typer.Option([], help="run dir whose policy episodes test it (repeatable); "
+                                                         "episodes also among the training runs' are left out"),
+              sizes: str = typer.Option("40,120,360", help="comma-separated training-episode counts, half solved "
+                                                          "(nested draws; capped at twice the rarer class)"),
+              base: Optional[str] = typer.Option(None, help="model the ORM is fine-tuned from (folder or short name; "
+                                                            "default: the first --train-run's SFT actor)"),
+              unseen_tasks: bool = typer.Option(True, help="leave out test episodes on tasks a training episode "
+                                                           "acted on"),
+              config: str = typer.Option("demo", help="config whose orm/models/prompt settings are used"),
+              run_dir: str = typer.Option("runs/bench-orm", help="bench dir: the ORMs (reused by key) and MLflow"),
+              set_: list[str] = SETS,
+              out: str = typer.Option("runs/bench-orm/orm-curve", help="writes OUT.json and OUT.png")):
+    """The ORM as a data curve: trained on more and more labelled policy episodes of some runs, its accuracy,
+    YES precision, recall and ROC AUC against the sites' evaluators on other runs' episodes."""
+    from webrl_core.bench.orm import run as run_bench
+    from webrl_core.config import load_config
+
+    try:
+        counts = [int(s) for s in sizes.split(",") if s.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--sizes must be comma-separated integers, got {sizes!r}")
+    run_bench(load_config(config, sets=set_), train_run, test_run, counts, base, run_dir, out,
+              unseen_tasks=unseen_tasks)
+
+
 @app.command("temperature")
 def bench_temperature(model: Optional[str] = typer.Option(None, help="actor checkpoint folder to sweep"),
                       run: Optional[str] = typer.Option(None, help="run dir: sweep its SFT actor (models/phase=0/actor)"),

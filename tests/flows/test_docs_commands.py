@@ -103,6 +103,7 @@ COVERED: dict[str, str] = {
     "webrl bench sft-curve-export": "tests/bench/test_bench_sft_curve.py::test_curve_from_an_exported_folder",
     "webrl bench next-action": "tests/bench/test_bench_next_action.py::test_each_phase_and_a_named_model_on_the_same_steps",
     "webrl bench temperature": "tests/bench/test_bench_temperature.py::test_sweep_keys_episodes_by_temperature_and_reuses_them",
+    "webrl bench orm": "tests/bench/test_bench_orm.py::test_curve_trains_scores_unseen_episodes_and_reuses",
     "webrl bench copy-export": "tests/bench/test_bench_copy.py::test_bench_copy_exports_a_folder_and_checks_each_size",
     "webrl bench copy": "tests/bench/test_bench_copy.py::test_bench_copy_exports_a_folder_and_checks_each_size",
     "webrl bench faults": "tests/flows/test_faults.py::test_kill_during_critic_training_resumes_from_the_cache_with_the_same_outputs",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -98,12 +99,10 @@ def agreement(p_yes: list[float], labels: list[bool], threshold: float) -> dict:
             "yes_rate": (tp + fp) / n if n else float("nan"), "auc": roc_auc(p_yes, labels)}
 
 
-def point_key(base: Path, train: list[dict], settings) -> str:
-    """What a point's ORM is made of: the base model's folder and weights' size and time, the training episodes,
-    the ORM and model settings and the prompt settings (which render the examples)."""
-    weights = sorted(base.glob("*.safetensors")) or sorted(base.glob("*.bin"))
-    stamp = [(w.name, w.stat().st_size, int(w.stat().st_mtime)) for w in weights]
-    blob = json.dumps({"base": str(base.resolve()), "weights": stamp, "episodes": [e["episode_id"] for e in train],
+def point_key(base_sha256: str, train: list[dict], settings) -> str:
+    """What a point's ORM is made of: the base model's content digest, the training episodes and their labels, the
+    ORM, model and prompt settings (the prompt settings render the examples) and the run seed."""
+    blob = json.dumps({"base": base_sha256, "episodes": [e["episode_id"] for e in train],
                        "labels": [e["label"] for e in train], "orm": settings.orm.model_dump(mode="json"),
                        "models": settings.models.model_dump(mode="json"),
                        "prompt": settings.prompt.model_dump(mode="json"), "seed": settings.run.seed},
@@ -123,6 +122,7 @@ def examples(episodes: list[dict], settings, fmt) -> list[dict]:
 def curve(settings, train_runs: list[str], test_runs: list[str], sizes: list[int], base: str | None,
           bench_dir: str | Path, unseen_tasks: bool = True) -> dict:
     """Train one ORM per size and score each on the test episodes; the result dict ``run`` writes."""
+    from webrl_core.artifacts import ArtifactRef
     from webrl_core.errors import MissingInput
     from webrl_core.learn.models import load_tokenizer
     from webrl_core.learn.orm import OrmScorer
@@ -147,6 +147,7 @@ def curve(settings, train_runs: list[str], test_runs: list[str], sizes: list[int
                            f"({sum(e['label'] for e in train_pool)} solved) and {len(test)} test episodes left: "
                            "need both classes to train and at least one test episode")
     fmt = prompt_format(settings, load_tokenizer(base_dir))
+    base_sha = ArtifactRef.of(base_dir, "model").sha256
     test_examples = examples(test, settings, fmt)
     labels = [ex["completion"] == "YES" for ex in test_examples]
     rows, done = [], set()
@@ -154,12 +155,16 @@ def curve(settings, train_runs: list[str], test_runs: list[str], sizes: list[int
         if len(train) in done:  # a size capped to an earlier point's draw is that point
             continue
         done.add(len(train))
-        out = Path(bench_dir) / "orm" / point_key(base_dir, train, settings)
+        out = Path(bench_dir) / "orm" / point_key(base_sha, train, settings)
         t0 = time.perf_counter()
         trained = (out / "config.json").is_file()
-        if not trained:
-            launch.train_orm(examples(train, settings, fmt), base_dir, out, settings.orm, settings.models,
+        if not trained:  # trained beside and renamed: a killed training never leaves a folder to reuse
+            partial = out.with_name(out.name + ".partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            launch.train_orm(examples(train, settings, fmt), base_dir, partial, settings.orm, settings.models,
                              seed=settings.run.seed, training=settings.training)
+            shutil.rmtree(partial / "_trainer", ignore_errors=True)
+            partial.rename(out)
         train_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         p_yes = OrmScorer(out, settings.orm, settings.models).p_yes([ex["prompt"] for ex in test_examples])

@@ -87,6 +87,9 @@ def test_curve_trains_scores_unseen_episodes_and_reuses(runs):
     last = r["rows"][-1]
     assert last["accuracy"] == 1.0 and last["precision"] == 1.0 and last["auc"] == 1.0  # the end page tells them apart
     assert last["tp"] + last["fp"] + last["fn"] + last["tn"] == 8
+    assert last["by_site"]["shopping"]["n"] == 8 and last["by_site"]["shopping"]["accuracy"] == 1.0
+    assert len(last["p_yes"]) == len(r["test_episode_ids"]) == 8 and "a00" not in r["test_episode_ids"]
+    assert all((p >= 0.5) == (int(e[1:]) % 2 == 1) for p, e in zip(last["p_yes"], r["test_episode_ids"]))
     assert out.with_suffix(".png").stat().st_size > 0
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output

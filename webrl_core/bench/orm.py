@@ -17,9 +17,10 @@ For test episodes with evaluator label y_i and ORM decision d_i = [P(YES)_i >= o
     AUC       = (1 / (N+ N-)) * sum_{i: y_i} sum_{j: not y_j} ([p_i > p_j] + 1/2 [p_i = p_j])   (Mann-Whitney)
 
 AUC says whether P(YES) ranks successes above failures at all; accuracy and precision say whether the decision
-at the threshold can label an update. Each point's ORM is kept in the bench dir under a key of what produced it
-(base model, training episodes, ``orm.*`` and ``models.*`` settings), so a re-run scores it again without
-training.
+at the threshold can label an update. Each is also given per site of the test episodes (``by_site``), and every
+test episode's P(YES) is kept (``p_yes``, aligned with ``test_episode_ids``). Each point's ORM is kept in the
+bench dir under a key of what produced it (base model, training episodes, ``orm.*`` and ``models.*`` settings), so
+a re-run scores it again without training.
 """
 
 from __future__ import annotations
@@ -150,6 +151,10 @@ def curve(settings, train_runs: list[str], test_runs: list[str], sizes: list[int
     base_sha = ArtifactRef.of(base_dir, "model").sha256
     test_examples = examples(test, settings, fmt)
     labels = [ex["completion"] == "YES" for ex in test_examples]
+    site_of = {e["episode_id"]: e.get("site") or "unknown" for e in test}
+    sites: dict[str, list[int]] = {}
+    for i, ex in enumerate(test_examples):
+        sites.setdefault(site_of[ex["episode_id"]], []).append(i)
     rows, done = [], set()
     for size, train in zip(sizes, points):
         if len(train) in done:  # a size capped to an earlier point's draw is that point
@@ -170,10 +175,14 @@ def curve(settings, train_runs: list[str], test_runs: list[str], sizes: list[int
         p_yes = OrmScorer(out, settings.orm, settings.models).p_yes([ex["prompt"] for ex in test_examples])
         rows.append({"train_episodes": len(train), "train_yes": sum(e["label"] for e in train),
                      "train_s": round(train_s, 1), "reused": trained, "score_s": round(time.perf_counter() - t0, 1),
-                     "orm": str(out), **agreement(p_yes, labels, settings.orm.threshold)})
+                     "orm": str(out), **agreement(p_yes, labels, settings.orm.threshold),
+                     "by_site": {site: agreement([p_yes[i] for i in idx], [labels[i] for i in idx],
+                                                 settings.orm.threshold) for site, idx in sites.items()},
+                     "p_yes": [round(p, 5) for p in p_yes]})
     return {"base": str(base_dir), "train_runs": [str(r) for r in train_runs], "test_runs": [str(r) for r in test_runs],
             "train_pool": len(train_pool), "train_pool_yes": sum(e["label"] for e in train_pool),
             "test_episodes": len(test_examples), "test_yes": sum(labels),
+            "test_episode_ids": [ex["episode_id"] for ex in test_examples],
             "test_left_out_seen_tasks": len(test_all) - len(test), "threshold": settings.orm.threshold, "rows": rows}
 
 
@@ -242,4 +251,14 @@ def _print(result: dict) -> None:
         t.add_row(str(r["train_episodes"]), f"{100 * r['accuracy']:.1f}%", f"{100 * r['precision']:.1f}%",
                   f"{100 * r['recall']:.1f}%", f"{100 * r['yes_rate']:.1f}%", f"{r['auc']:.3f}",
                   "reused" if r["reused"] else f"{r['train_s']:.0f}")
+    Console().print(t)
+    sites = sorted({site for r in result["rows"] for site in r["by_site"]})
+    t = Table(title="per site of the test episodes: accuracy (YES precision)")
+    t.add_column("train episodes", justify="right")
+    for site in sites:
+        t.add_column(site, justify="right")
+    for r in result["rows"]:
+        t.add_row(str(r["train_episodes"]), *(f"{100 * r['by_site'][s]['accuracy']:.0f}% "
+                                               f"({100 * r['by_site'][s]['precision']:.0f}%) of {r['by_site'][s]['n']}"
+                                               if s in r["by_site"] else "" for s in sites))
     Console().print(t)

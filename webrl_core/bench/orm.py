@@ -191,6 +191,7 @@ def plot(result: dict, path: Path, title: str) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     xs = [r["train_episodes"] for r in result["rows"]]
@@ -198,10 +199,11 @@ def plot(result: dict, path: Path, title: str) -> Path:
                       ("auc", "ROC AUC")):
         ax.plot(xs, [100 * r[key] for r in result["rows"]], marker="o", label=name)
     for i, (key, bar) in enumerate(BAR.items()):
-        ax.axhline(100 * bar, color=f"C{i}", linestyle="--", linewidth=0.8)
+        ax.axhline(100 * bar, color=f"C{i}", linestyle="--", linewidth=0.8, label=f"{key} the ORM must reach")
     ax.axhline(100 * result["test_yes"] / result["test_episodes"], color="gray", linestyle=":", linewidth=0.8,
                label="share of test episodes solved")
     ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("training episodes (half solved)")
     ax.set_ylabel(f"% on {result['test_episodes']} test episodes")

@@ -20,7 +20,6 @@ still miss one site's pages, as the S2 starts ground the forum list of the reddi
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from pathlib import Path
@@ -81,8 +80,8 @@ def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos:
     from rich.progress import track
 
     from webrl_core.errors import MissingInput
+    from webrl_core.bench.publish import publish
     from webrl_core.hardware import cpu_summary
-    from webrl_core.runs import tracking
 
     actors = run_actors(run_dir) if run_dir else []
     if run_dir and not actors:
@@ -97,20 +96,15 @@ def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos:
     rows = []
     for label, actor in track(actors, description="next-action"):
         rows.append({"label": label, **measure(settings, actor, steps)})
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result = {"cpu": cpu_summary(), "run_dir": str(run_dir or ""), "val_steps": len(steps), "rows": rows}
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    png = plot_marks(rows, list(range(len(rows))), out.with_suffix(".png"),
-                     f"next-action accuracy on {len(steps)} validation steps, {result['cpu']}", "actor",
-                     ticklabels=[r["label"] for r in rows], width=max(5, 1.2 * len(rows) + 2))
-    with tracking.start_run(bench_dir, f"next-action {Path(run_dir).name if run_dir else 'models'}",
-                            experiment="webrl-bench", config=settings.model_dump(mode="json")):
-        for i, r in enumerate(rows):
-            tracking.log_metrics({k: r[k] for k in MARKS}, step=i)
-            tracking.log_metrics({f"{k}_{site}": m[k] for site, m in r["by_site"].items() for k in SITE_MARKS}, step=i)
-        tracking.log_artifact(png, "next-action")
-        tracking.log_artifact(out.with_suffix(".json"), "next-action")
+    publish(result, out, lambda png: plot_marks(rows, list(range(len(rows))), png,
+                                                f"next-action accuracy on {len(steps)} validation steps, "
+                                                f"{result['cpu']}", "actor", ticklabels=[r["label"] for r in rows],
+                                                width=max(5, 1.2 * len(rows) + 2)),
+            bench_dir, f"next-action {Path(run_dir).name if run_dir else 'models'}", settings,
+            [(i, {**{k: r[k] for k in MARKS},
+                  **{f"{k}_{site}": m[k] for site, m in r["by_site"].items() for k in SITE_MARKS}})
+             for i, r in enumerate(rows)], "next-action")
     _print(result)
     return rows
 

@@ -219,24 +219,18 @@ def plot(result: dict, path: Path, title: str) -> Path:
 def run(settings, train_runs: list[str], test_runs: list[str], sizes: list[int], base: str | None,
         bench_dir: str, out: str | Path, unseen_tasks: bool = True) -> dict:
     """The curve; writes OUT.json and OUT.png, logs an MLflow run in the bench dir, prints the table."""
+    from webrl_core.bench.publish import publish
     from webrl_core.hardware import cpu_summary
-    from webrl_core.runs import tracking
 
     if not sizes or any(n < 2 for n in sizes):
         raise ValueError(f"bench orm: --sizes must be training-episode counts >= 2, got {sizes}")
     result = {"cpu": cpu_summary(), **curve(settings, train_runs, test_runs, sorted(sizes), base, bench_dir,
                                             unseen_tasks)}
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    png = plot(result, out.with_suffix(".png"),
-               f"ORM against the evaluators on {result['test_episodes']} unseen episodes, {result['cpu']}")
-    with tracking.start_run(bench_dir, "orm curve", experiment="webrl-bench", config=settings.model_dump(mode="json")):
-        for r in result["rows"]:
-            tracking.log_metrics({k: r[k] for k in ("accuracy", "precision", "recall", "yes_rate", "auc", "train_s")},
-                                 step=r["train_episodes"])
-        tracking.log_artifact(png, "orm")
-        tracking.log_artifact(out.with_suffix(".json"), "orm")
+    publish(result, out, lambda png: plot(result, png, f"ORM against the evaluators on {result['test_episodes']} "
+                                                       f"unseen episodes, {result['cpu']}"),
+            bench_dir, "orm curve", settings,
+            [(r["train_episodes"], {k: r[k] for k in ("accuracy", "precision", "recall", "yes_rate", "auc", "train_s")})
+             for r in result["rows"]], "orm")
     _print(result)
     return result
 

@@ -17,7 +17,6 @@ with its standard error sqrt(p (1 - p) / (N K)). Episodes are stored in the benc
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -84,8 +83,8 @@ def run(settings, actor: str | None, run_dir: str | None, bench_dir: str, demos:
     from webrl_core.artifacts import read_json
     from webrl_core.bench.sft import demo_tasks, validation_tasks
     from webrl_core.errors import MissingInput
+    from webrl_core.bench.publish import publish
     from webrl_core.hardware import cpu_summary
-    from webrl_core.runs import tracking
 
     if not temperatures or any(t < 0 for t in temperatures):
         raise ValueError(f"bench temperature: --temperatures must be non-negative numbers, got {temperatures}")
@@ -98,20 +97,13 @@ def run(settings, actor: str | None, run_dir: str | None, bench_dir: str, demos:
     demo_intents = {t["intent"] for t in read_json(demo_tasks(settings, bench_dir, demos))}
     val_ref = validation_tasks(settings, bench_dir, val_tasks, demo_intents)
     rows = sweep(settings, bench_dir, actor_dir, temperatures, val_ref, samples)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     result = {"cpu": cpu_summary(), "actor": str(actor_dir), "val_tasks": val_tasks, "samples": samples,
               "rows": rows}
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2))
-    png = plot(rows, out.with_suffix(".png"),
-               f"{actor_dir.name}: {val_tasks} validation tasks x {samples}, {result['cpu']}")
-    with tracking.start_run(bench_dir, f"temperature {actor_dir.name}", experiment="webrl-bench",
-                            config=settings.model_dump(mode="json")):
-        for r in rows:
-            tracking.log_metrics({"solve_rate": r["solve_rate"], "temperature": r["temperature"]},
-                                 step=int(round(100 * r["temperature"])))
-        tracking.log_artifact(png, "temperature")
-        tracking.log_artifact(out.with_suffix(".json"), "temperature")
+    publish(result, out, lambda png: plot(rows, png, f"{actor_dir.name}: {val_tasks} validation tasks x {samples}, "
+                                                     f"{result['cpu']}"),
+            bench_dir, f"temperature {actor_dir.name}", settings,
+            [(int(round(100 * r["temperature"])), {"solve_rate": r["solve_rate"], "temperature": r["temperature"]})
+             for r in rows], "temperature")
     _print(result)
     return rows
 

@@ -193,6 +193,8 @@ def plot(result: dict, path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
+    from webrl_core.bench.publish import save_figure
+
     fig, ax = plt.subplots(figsize=(6, 3.8))
     xs = [r["train_episodes"] for r in result["rows"]]
     for key, name in (("accuracy", "accuracy"), ("precision", "precision of YES"), ("recall", "recall of YES"),
@@ -210,10 +212,7 @@ def plot(result: dict, path: Path, title: str) -> Path:
     ax.set_ylim(-5, 105)
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(settings, train_runs: list[str], test_runs: list[str], sizes: list[int], base: str | None,
@@ -236,25 +235,21 @@ def run(settings, train_runs: list[str], test_runs: list[str], sizes: list[int],
 
 
 def _print(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from webrl_core.bench.publish import print_table
 
-    t = Table(title=f"webrl bench orm: {result['test_episodes']} test episodes ({result['test_yes']} solved), "
-                    f"P(YES) >= {result['threshold']} ({result['cpu']})")
-    for col in ("train episodes", "accuracy", "precision", "recall", "YES rate", "AUC", "train s"):
-        t.add_column(col, justify="right")
-    for r in result["rows"]:
-        t.add_row(str(r["train_episodes"]), f"{100 * r['accuracy']:.1f}%", f"{100 * r['precision']:.1f}%",
+    print_table(f"webrl bench orm: {result['test_episodes']} test episodes ({result['test_yes']} solved), "
+                f"P(YES) >= {result['threshold']} ({result['cpu']})",
+                ("train episodes", "accuracy", "precision", "recall", "YES rate", "AUC", "train s"),
+                ((str(r["train_episodes"]), f"{100 * r['accuracy']:.1f}%", f"{100 * r['precision']:.1f}%",
                   f"{100 * r['recall']:.1f}%", f"{100 * r['yes_rate']:.1f}%", f"{r['auc']:.3f}",
-                  "reused" if r["reused"] else f"{r['train_s']:.0f}")
-    Console().print(t)
+                  "reused" if r["reused"] else f"{r['train_s']:.0f}") for r in result["rows"]))
     sites = sorted({site for r in result["rows"] for site in r["by_site"]})
-    t = Table(title="per site of the test episodes: accuracy (YES precision)")
-    t.add_column("train episodes", justify="right")
-    for site in sites:
-        t.add_column(site, justify="right")
-    for r in result["rows"]:
-        t.add_row(str(r["train_episodes"]), *(f"{100 * r['by_site'][s]['accuracy']:.0f}% "
-                                               f"({100 * r['by_site'][s]['precision']:.0f}%) of {r['by_site'][s]['n']}"
-                                               if s in r["by_site"] else "" for s in sites))
-    Console().print(t)
+
+    def cell(m: dict | None) -> str:
+        if not m:
+            return ""
+        said_yes = f"{100 * m['precision']:.0f}%" if m["tp"] + m["fp"] else "no YES"
+        return f"{100 * m['accuracy']:.0f}% ({said_yes}) of {m['n']}"
+
+    print_table("per site of the test episodes: accuracy (YES precision)", ("train episodes", *sites),
+                ((str(r["train_episodes"]), *(cell(r["by_site"].get(s)) for s in sites)) for r in result["rows"]))

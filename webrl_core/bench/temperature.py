@@ -61,6 +61,8 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from webrl_core.bench.publish import save_figure
+
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     xs = [r["temperature"] for r in rows]
     ys = [100 * r["solve_rate"] for r in rows]
@@ -70,10 +72,7 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
     ax.set_ylabel("% of episodes solved")
     ax.set_title(title, fontsize=8)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def run(settings, actor: str | None, run_dir: str | None, bench_dir: str, demos: int, val_tasks: int,
@@ -109,15 +108,13 @@ def run(settings, actor: str | None, run_dir: str | None, bench_dir: str, demos:
 
 
 def _print(result: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from webrl_core.bench.publish import print_table
 
-    t = Table(title=f"webrl bench temperature: {result['val_tasks']} validation tasks x {result['samples']} "
-                    f"({result['cpu']})")
-    for col in ("T", "solved", "rate", "+-", "solved sometimes", "mean steps", "s"):
-        t.add_column(col, justify="right")
-    for r in result["rows"]:
-        sometimes = "-" if r["solved_sometimes"] is None else f"{100 * r['solved_sometimes']:.0f}%"
-        t.add_row(f"{r['temperature']:g}", f"{r['solved']}/{r['episodes']}", f"{100 * r['solve_rate']:.1f}%",
-                  f"{100 * r['stderr']:.1f}", sometimes, f"{r['mean_steps']:.1f}", f"{r['wall_s']:.0f}")
-    Console().print(t)
+    def sometimes(r: dict) -> str:
+        return "-" if r["solved_sometimes"] is None else f"{100 * r['solved_sometimes']:.0f}%"
+
+    print_table(f"webrl bench temperature: {result['val_tasks']} validation tasks x {result['samples']} "
+                f"({result['cpu']})", ("T", "solved", "rate", "+-", "solved sometimes", "mean steps", "s"),
+                ((f"{r['temperature']:g}", f"{r['solved']}/{r['episodes']}", f"{100 * r['solve_rate']:.1f}%",
+                  f"{100 * r['stderr']:.1f}", sometimes(r), f"{r['mean_steps']:.1f}", f"{r['wall_s']:.0f}")
+                 for r in result["rows"]))

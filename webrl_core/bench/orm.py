@@ -89,15 +89,10 @@ def roc_auc(scores: list[float], labels: list[bool]) -> float:
 
 def agreement(p_yes: list[float], labels: list[bool], threshold: float) -> dict:
     """Accuracy, precision and recall of YES (P(YES) >= threshold) against the labels, the YES rate and AUC."""
-    d = [p >= threshold for p in p_yes]
-    tp = sum(a and y for a, y in zip(d, labels))
-    fp = sum(a and not y for a, y in zip(d, labels))
-    fn = sum(y and not a for a, y in zip(d, labels))
-    n = len(labels)
-    return {"n": n, "tp": tp, "fp": fp, "fn": fn, "tn": n - tp - fp - fn,
-            "accuracy": (n - fp - fn) / n if n else float("nan"),
-            "precision": tp / (tp + fp) if tp + fp else 0.0, "recall": tp / (tp + fn) if tp + fn else 0.0,
-            "yes_rate": (tp + fp) / n if n else float("nan"), "auc": roc_auc(p_yes, labels)}
+    from webrl_core.learn.orm import decision_agreement
+
+    m = decision_agreement([p >= threshold for p in p_yes], labels)
+    return {**m, "yes_rate": (m["tp"] + m["fp"]) / m["n"] if m["n"] else float("nan"), "auc": roc_auc(p_yes, labels)}
 
 
 def point_key(base_sha256: str, train: list[dict], settings) -> str:
@@ -156,7 +151,7 @@ def curve(settings, train_runs: list[str], test_runs: list[str], sizes: list[int
     for i, ex in enumerate(test_examples):
         sites.setdefault(site_of[ex["episode_id"]], []).append(i)
     rows, done = [], set()
-    for size, train in zip(sizes, points):
+    for train in points:
         if len(train) in done:  # a size capped to an earlier point's draw is that point
             continue
         done.add(len(train))

@@ -229,12 +229,18 @@ def evaluate_orm(scorer: OrmScorer, examples: Sequence[dict]) -> dict:
     if not examples:
         return {"n": 0, "accuracy": float("nan"), "precision": float("nan"), "recall": float("nan")}
     decisions = [ok for _, ok in scorer.score([ex["prompt"] for ex in examples])]
-    truth = [ex["completion"] == "YES" for ex in examples]
-    tp = sum(d and t for d, t in zip(decisions, truth))
-    fp = sum(d and not t for d, t in zip(decisions, truth))
-    fn = sum(t and not d for d, t in zip(decisions, truth))
-    tn = len(truth) - tp - fp - fn
-    return {"n": len(truth), "tp": tp, "fp": fp, "fn": fn, "tn": tn, "accuracy": (tp + tn) / len(truth),
+    return decision_agreement(decisions, [ex["completion"] == "YES" for ex in examples])
+
+
+def decision_agreement(decisions: Sequence[bool], truth: Sequence[bool]) -> dict:
+    """Confusion counts of the ORM's decisions (positive = YES) against the labels, accuracy (NaN without items),
+    precision and recall of YES (0 where nothing was said or nothing was true)."""
+    tp = sum(bool(d and t) for d, t in zip(decisions, truth))
+    fp = sum(bool(d and not t) for d, t in zip(decisions, truth))
+    fn = sum(bool(t and not d) for d, t in zip(decisions, truth))
+    n = len(truth)
+    return {"n": n, "tp": tp, "fp": fp, "fn": fn, "tn": n - tp - fp - fn,
+            "accuracy": (n - fp - fn) / n if n else float("nan"),
             "precision": tp / (tp + fp) if tp + fp else 0.0, "recall": tp / (tp + fn) if tp + fn else 0.0}
 
 

@@ -18,7 +18,7 @@ from webrl_core.artifacts import ArtifactRef, read_json, read_jsonl
 from webrl_core.env.evaluators import judge_from_settings
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
 from webrl_core.learn.models import load_causal_lm, load_tokenizer
-from webrl_core.learn.orm import OrmScorer, orm_prompt_for_episode
+from webrl_core.learn.orm import OrmScorer, decision_agreement, orm_prompt_for_episode
 from webrl_core.prompts import prompt_format
 from webrl_core.pipeline.stage import stage
 from webrl_core.scale.ray_rollout import run_on_ray
@@ -145,16 +145,14 @@ def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: Artif
     store.write_scores([{"kind": "orm_p_yes", "episode_id": e["episode_id"], "phase": phase, "value": float(x),
                          "model_id": orm_ref.sha256[:12]} for e, x in zip(eps, p)])
     scored = [(a, b) for a, b in zip(pred, truth) if b is not None]
-    tp = sum(a and b for a, b in scored)
-    fp = sum(a and not b for a, b in scored)
-    fn = sum(b and not a for a, b in scored)
+    agree = decision_agreement([a for a, _ in scored], [b for _, b in scored])
     n, labelled = len(eps), [y for y in label if y is not None]
     return {"episodes": n, "reward_source": settings.reward.source, "unscored": n - len(scored),
             "env_successes": sum(b for _, b in scored), "orm_yes": sum(pred),
             "labelled_success_rate": sum(labelled) / max(1, len(labelled)),
             "orm_success_rate": sum(pred) / max(1, n), "env_success_rate": sum(b for _, b in scored) / max(1, len(scored)),
-            "orm_accuracy": sum(a == b for a, b in scored) / max(1, len(scored)),
-            "orm_precision": tp / max(1, tp + fp), "orm_recall": tp / max(1, tp + fn)}
+            "orm_accuracy": agree["accuracy"] if scored else 0.0,
+            "orm_precision": agree["precision"], "orm_recall": agree["recall"]}
 
 
 @stage("transitions")

@@ -15,7 +15,7 @@ py=${PYTHON:-python3}
 mkdir -p "$out"
 recipes=("$@")
 if [[ ${#recipes[@]} -eq 0 ]]; then
-  # the demo's recipe on its 300 demonstrations, run on past its 0.8 epochs; then 5x the demonstrations
+  # the demo's lr and batch on its 300 demonstrations, run on to 8 epochs; then 5x the demonstrations
   recipes=("demo-300:300:4:1e-4:8:150" "demo-1500-b16:1500:16:2e-4:4:200")
 fi
 if [[ $model == *.gguf ]]; then

@@ -79,8 +79,8 @@ def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos:
     MLflow run in the bench dir, print the table."""
     from rich.progress import track
 
-    from webrl_core.errors import MissingInput
     from webrl_core.bench.publish import publish
+    from webrl_core.errors import MissingInput
     from webrl_core.hardware import cpu_summary
 
     actors = run_actors(run_dir) if run_dir else []

@@ -80,9 +80,9 @@ def run(settings, actor: str | None, run_dir: str | None, bench_dir: str, demos:
     """Sweep the actor (``actor`` folder, or ``run_dir``'s phase-0 actor); write OUT.json, OUT.png, an MLflow
     run in the bench dir; print the table."""
     from webrl_core.artifacts import read_json
+    from webrl_core.bench.publish import publish
     from webrl_core.bench.sft import demo_tasks, validation_tasks
     from webrl_core.errors import MissingInput
-    from webrl_core.bench.publish import publish
     from webrl_core.hardware import cpu_summary
 
     if not temperatures or any(t < 0 for t in temperatures):

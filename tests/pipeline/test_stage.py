@@ -78,4 +78,51 @@ def test_every_task_rebuilds_its_settings_from_its_sections_under_the_cross_sect
         run = T.StageRun.of(s, str(tmp_path), "rid", t.stage)
         back = run.settings()
         for section in t.stage.config_sections:
+            if section in run.config and set(run.config[section]) != set(type(getattr(s, section)).model_fields):
+                for field in run.config[section]:  # a stage that declares some fields of the section
+                    assert getattr(getattr(back, section), field) == getattr(getattr(s, section), field)
+                continue
             assert getattr(back, section) == getattr(s, section), (t.name, section)
+
+
+@S.stage("run", "actor.batch_size")
+def _reads_one_actor_field(settings) -> int:
+    return settings.actor.batch_size
+
+
+@S.stage("run", "actor.batch_size")
+def _reads_an_undeclared_actor_field(settings) -> float:
+    return settings.actor.lr
+
+
+def test_a_stage_declaring_fields_reads_those_and_is_keyed_by_those_alone():
+    s = load_config("smoke", sets=["actor.batch_size=6"])
+    assert _reads_one_actor_field(s) == 6
+    with pytest.raises(S.UndeclaredConfigSection, match=r"reads config field actor\.lr but declares only "
+                                                         r"\['actor\.batch_size'\]"):
+        _reads_an_undeclared_actor_field(s)
+    key = S.config_for(s, _reads_one_actor_field)
+    assert key == {"run": s.run.model_dump(mode="json"), "actor": {"batch_size": 6}}
+    assert S.config_for(load_config("smoke", sets=["actor.batch_size=6", "actor.lr=0.5"]), _reads_one_actor_field) == key
+    assert S.config_for(load_config("smoke", sets=["actor.batch_size=2"]), _reads_one_actor_field) != key
+    # a stage called by a stage sees what both declare; a view survives pickling with its fields
+    view = pickle.loads(pickle.dumps(S.scope(s, ("run", "actor"), "outer")))
+    inner = S.scope(view, ("actor.batch_size", "actor.lr"), "inner")
+    assert inner.actor.lr == s.actor.lr and inner.actor.batch_size == 6
+    with pytest.raises(S.UndeclaredConfigSection):
+        S.scope(S.scope(s, ("actor.lr",), "outer"), ("actor",), "inner").actor.batch_size
+    with pytest.raises(ValueError, match=r"section 'actor' has no field 'lrr'"):
+        S.stage("actor.lrr")
+
+
+def test_a_phase_knob_of_the_actor_keeps_phase_0_and_the_critic_update_cached():
+    """``actor.lr`` / ``actor.epochs`` (a sweep of the phase's update) key the actor update, never the SFT or the
+    critic update; the actor's batch shape still keys the SFT (it trains the same model with it)."""
+    from webrl_core.pipeline import bootstrap, updates
+    base = load_config("demo")
+    swept = load_config("demo", sets=["actor.lr=1e-5", "actor.epochs=2", "actor.beta=0.5"])
+    for fn in (bootstrap.sft_actor, bootstrap.sft_from_data, updates.update_critic):
+        assert S.config_for(base, fn) == S.config_for(swept, fn), fn.__name__
+    assert S.config_for(base, updates.update_actor) != S.config_for(swept, updates.update_actor)
+    assert S.config_for(base, bootstrap.sft_actor) != S.config_for(load_config("demo", sets=["actor.batch_size=8"]),
+                                                                   bootstrap.sft_actor)

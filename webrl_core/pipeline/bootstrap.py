@@ -54,8 +54,13 @@ def init_embedded_actor(settings, run_dir: str, tokenizer_ref: ArtifactRef) -> A
     return ArtifactRef.of(base, "model")
 
 
-# actor: batch sizes of the model it trains; prompt: the list shuffle reads the page in prompt.observation's layout
-@stage("run", "models", "bootstrap", "actor", "training", "sites", "prompt")
+SFT_ACTOR_FIELDS = ("actor.batch_size", "actor.grad_accum", "actor.micro_batch_size", "actor.max_grad_norm")
+"""What the SFT reads of the ``actor`` section: the batch shape and clipping of the model it trains (its LR and
+epochs are ``bootstrap.sft_*``), so a phase's ``actor.lr`` or ``actor.epochs`` never retrains phase 0."""
+
+
+# prompt: the list shuffle reads the page in prompt.observation's layout
+@stage("run", "models", "bootstrap", *SFT_ACTOR_FIELDS, "training", "sites", "prompt")
 def sft_actor(settings, run_dir: str, init_ref: ArtifactRef, demos: dict) -> tuple[ArtifactRef, dict]:
     """Fine-tune the initial actor (the pretrained ``models.actor``, or the from-scratch embedded model) on the
     successful oracle demonstrations. With ``bootstrap.sft_entity_swap`` each epoch is its own entity-swapped pass
@@ -84,7 +89,7 @@ def adopt_actor(run_dir: str, actor_ref: ArtifactRef) -> ArtifactRef:
     return ref
 
 
-@stage("run", "models", "bootstrap", "actor", "training", "prompt")
+@stage("run", "models", "bootstrap", *SFT_ACTOR_FIELDS, "training", "prompt")
 def sft_from_data(settings, run_dir: str, base_ref: ArtifactRef, data_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
     """Phase 0 of a real model: fine-tune the base ``models.actor`` on the demonstrations ``bootstrap.sft_data``
     (the official ShareGPT SFT file or VAB traces, ``webrl_core.learn.sft_data``), completion-only loss. The

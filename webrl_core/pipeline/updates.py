@@ -39,7 +39,7 @@ def train_model(what: str, phase: int, out: Path, real: Path, samples: list[dict
     return ArtifactRef.of(real, "model"), metrics
 
 
-@stage("run", "models", "actor", "critic", "training")
+@stage("run", "models", "critic", "training")  # not "actor": a phase's actor.lr never retrains its critic
 def update_critic(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, replay_ref: ArtifactRef,
                   backbone_ref: ArtifactRef, prev_critic_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
     """Critic k from critic k-1 on the phase's transitions and (``critic.replay``, the official buffer) the replay

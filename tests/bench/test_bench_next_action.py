@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from webrl_cli.main import app
 from webrl_core.pretrained import resolve_model_ref
-from webrl_core.bench.next_action import run_actors
+from webrl_core.bench.next_action import model_labels, run_actors
 from webrl_core.errors import MissingInput
 
 SETS = ["models.actor=smollm2-135m-instruct", "models.max_length=640", "prompt.style=chat",
@@ -72,3 +72,10 @@ def test_marks_per_site_partition_the_steps():
     assert (sites["reddit"]["exact"], sites["reddit"]["exact_n"]) == (0.5, 2)
     assert (sites["gitlab"]["exact"], sites["unknown"]["exact"]) == (1.0, 1.0)
     assert sum(m["exact"] * m["exact_n"] for m in sites.values()) == 3
+
+
+def test_named_models_are_labelled_by_the_path_that_tells_them_apart(tmp_path):
+    a, b = tmp_path / "ep2" / "models" / "phase=1" / "actor", tmp_path / "beta05" / "models" / "phase=1" / "actor"
+    assert model_labels([a, b]) == ["ep2/models/phase=1/actor", "beta05/models/phase=1/actor"]
+    assert model_labels([a, tmp_path / "sft-ckpt"]) == ["actor", "sft-ckpt"]
+    assert model_labels([a]) == ["actor"]

@@ -40,6 +40,17 @@ def run_actors(run_dir: str | Path) -> list[tuple[str, Path]]:
     return [("SFT (phase 0)" if k == 0 else f"phase {k}", a) for k, a in sorted(found)]
 
 
+def model_labels(folders: list[Path]) -> list[str]:
+    """The shortest trailing paths that tell the ``--model`` folders apart: three runs' ``models/phase=1/actor``
+    read ``ep2/models/phase=1/actor``, ``beta05/...``, not ``actor`` three times."""
+    parts = [Path(f).absolute().parts for f in folders]
+    for k in range(1, max((len(p) for p in parts), default=1) + 1):
+        labels = ["/".join(p[-k:]) for p in parts]
+        if len(set(labels)) == len(labels):
+            return labels
+    return [str(f) for f in folders]
+
+
 def validation_steps(settings, bench_dir: str, demos: int, val_tasks: int, n: int) -> list[dict]:
     """``n`` validation steps (sampled with the run seed + 1, so not the curve's own draw)."""
     _, val, _ = collect(settings, bench_dir, demos, val_tasks)
@@ -89,7 +100,7 @@ def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos:
     for m in models:
         if not (Path(m) / "config.json").is_file():
             raise MissingInput(f"bench next-action: --model {m} is not a Hugging Face model folder (no config.json)")
-        actors.append((Path(m).name, Path(m)))
+    actors += list(zip(model_labels([Path(m) for m in models]), [Path(m) for m in models]))
     if not actors:
         raise MissingInput("bench next-action: name a run (--run) or a checkpoint folder (--model)")
     steps = validation_steps(settings, bench_dir, demos, val_tasks, val_steps)

@@ -97,10 +97,11 @@ def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos:
     actors = run_actors(run_dir) if run_dir else []
     if run_dir and not actors:
         raise MissingInput(f"bench next-action: no published actor under {run_dir}/models/phase=*/actor")
-    for m in models:
-        if not (Path(m) / "config.json").is_file():
+    folders = [Path(m) for m in models]
+    for m in folders:
+        if not (m / "config.json").is_file():
             raise MissingInput(f"bench next-action: --model {m} is not a Hugging Face model folder (no config.json)")
-    actors += list(zip(model_labels([Path(m) for m in models]), [Path(m) for m in models]))
+    actors += list(zip(model_labels(folders), folders))
     if not actors:
         raise MissingInput("bench next-action: name a run (--run) or a checkpoint folder (--model)")
     steps = validation_steps(settings, bench_dir, demos, val_tasks, val_steps)

@@ -41,13 +41,14 @@ def parse_declaration(declared: tuple[str, ...]) -> tuple[tuple[str, ...], dict[
     """``("run", "actor.batch_size", "actor.grad_accum")`` -> (("run", "actor"), {"actor": {"batch_size",
     "grad_accum"}}): the sections in declaration order, and the fields of the partly declared ones. A section
     declared whole and by field is declared whole."""
+    unknown = sorted({d.partition(".")[0] for d in declared} - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"@stage: unknown config section(s) {unknown}; sections: {list(SECTIONS)}")
     sections: list[str] = []
     fields: dict[str, set[str]] = {}
     whole: set[str] = set()
     for item in declared:
         section, _, field = item.partition(".")
-        if section not in SECTIONS:
-            raise ValueError(f"@stage: unknown config section {section!r} in {item!r}; sections: {list(SECTIONS)}")
         if field:
             known = WebRLSettings.model_fields[section].annotation.model_fields
             if field not in known:
@@ -132,10 +133,7 @@ def scope(settings: WebRLSettings | StageSettings, declared: tuple[str, ...], st
 def stage(*declared: str) -> Callable[[Callable], Callable]:
     """Declare a stage and the config sections (``"section"``) or fields (``"section.field"``) it reads; its first
     argument is the settings. A stage that declares none reads no config and takes no settings."""
-    unknown = sorted({d.partition(".")[0] for d in declared} - set(SECTIONS))
-    if unknown:
-        raise ValueError(f"@stage: unknown config section(s) {unknown}; sections: {list(SECTIONS)}")
-    sections, _ = parse_declaration(declared)
+    sections, _ = parse_declaration(declared)  # refuses unknown sections and fields at declaration
 
     def declare(fn: Callable) -> Callable:
         if not sections:

@@ -51,15 +51,18 @@ class _Compact(HTMLParser):
         self.lines: list[str] = []
         self.parts: list[str] = []     # pieces of the line being built
         self.cells = 0                 # cells opened on the current table row
+        self.flushes = 0               # lines ended so far (a labelled element's text is one line's parts)
         self.stack: list[str] = []     # open tags
         self.select: dict | None = None  # the open <select>: id, options, selected
-        # (tag, len(parts) at open, title, id) of the open elements with an id
-        self.labelled: list[tuple[str, int, str, str]] = []
+        # (tag, len(parts) at open, title, id, lines at open) of the open elements with an id
+        self.labelled: list[tuple[str, int, str, str, int]] = []
+        self.texts: dict[str, str] = {}  # id -> what identifies the element (element_texts)
 
     # -- lines ---------------------------------------------------------------------------------------------------
     def _flush(self) -> None:
         line = " ".join(" ".join(self.parts).split())
         self.parts, self.cells = [], 0
+        self.flushes += 1
         if line and line.strip("| ") and (not self.lines or self.lines[-1] != line):
             self.lines.append(line)
 
@@ -97,7 +100,7 @@ class _Compact(HTMLParser):
                 self.parts.append(f"[{el_id}]" + (" button" if tag == "button" else ""))
             elif tag == "button":
                 self.parts.append("button")  # its id follows its text, at the end tag
-            self.labelled.append((tag, len(self.parts), a.get("title", ""), el_id))
+            self.labelled.append((tag, len(self.parts), a.get("title", ""), el_id, self.flushes))
         if tag not in VOID:
             self.stack.append(tag)
 
@@ -122,6 +125,8 @@ class _Compact(HTMLParser):
         status = a.get("data-status")
         if status in ("checked", "not-checked"):
             bits.append(status.replace("-", " "))
+        if el_id and (a.get("placeholder") or a.get("title")):
+            self.texts[el_id] = a.get("placeholder") or a["title"]
         if self.id_after and el_id:
             bits.append(f"[{el_id}]")
         self.parts.append(" ".join(b for b in bits if b))
@@ -145,9 +150,11 @@ class _Compact(HTMLParser):
         while self.stack:
             open_tag = self.stack.pop()
             if self.labelled and self.labelled[-1][0] == open_tag:
-                _, start, title, el_id = self.labelled.pop()
+                _, start, title, el_id, flushes = self.labelled.pop()
                 if len(self.parts) == start and title:  # nothing inside: the title names it
                     self.parts.append(title)
+                if flushes == self.flushes:  # its text did not span lines
+                    self.texts[el_id] = " ".join(" ".join(self.parts[start:]).split())
                 if self.id_after:
                     self.parts.append(f"[{el_id}]")
             if open_tag in BLOCK_TAGS:
@@ -186,3 +193,13 @@ def compact_page(html: str, id_after: bool = False) -> str:
     p.close()
     lines = ([m.group(1)] if m else []) + p.lines
     return "\n".join(lines)
+
+
+def element_texts(html: str) -> dict[str, str]:
+    """What identifies each element with an id, as the compact rendering writes it: a link's or button's text (its
+    title when empty), a field's placeholder (or title). Elements whose text spans lines and selects are left out."""
+    m = _ERROR_LINE.match(html)
+    p = _Compact(id_after=True)
+    p.feed(html[m.end():] if m else html)
+    p.close()
+    return p.texts

@@ -304,6 +304,11 @@ class PolicyConfig(Section):
     max_new_tokens: int = Field(128, ge=1, description="tokens generated per action")
     batch_size: int = Field(16, ge=1, description="prompts per generate() call in-process")
     concurrency: int = Field(16, ge=1, description="concurrent requests to an OpenAI-compatible server")
+    name_grounding: Literal["off", "phases", "all"] = Field(
+        "off", description="ours (agent/grounding.py): when a response's '# Element: NAME' line names exactly one "
+        "element of the page and its element id is another's, the named element's id runs and is stored. phases: "
+        "in the phases' own training rollouts only, so the evaluated actor acts as written; all: in every model "
+        "rollout (bootstrap and evaluation too); off: as written")
 
 
 class OrmConfig(Section):

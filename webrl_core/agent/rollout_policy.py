@@ -17,6 +17,7 @@ from webrl_core import identity
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.env.evaluators import describe_judge
 from webrl_core.env.scripted import RandomPolicy
+from webrl_core.agent import grounding
 from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, served_model_digest
 from webrl_core.runs.rundir import model_ref
 from webrl_core.agent.serving import Endpoint, served_policy_digest
@@ -76,6 +77,8 @@ def rollout_identity(settings: Any, actor_ref: ArtifactRef | None, temperature: 
         extra["prompt_compat"] = fmt.key
     if (settings.eval.judge or "").strip():
         extra["judge"] = describe_judge(settings)
+    if sampled and grounding.applies(settings.policy.name_grounding, purpose):
+        extra["name_grounding"] = True
     if extra:
         digest = identity.digest({"settings": digest, **extra})
     return {"policy_digest": policy_digest_for(settings, actor_ref, purpose), "settings_digest": digest}
@@ -104,7 +107,17 @@ def lineage(settings: Any, run_dir: str | Path, before_phase: int) -> list[str]:
 def make_policy(settings: Any, actor_ref: ArtifactRef | None, temperature: float, purpose: str,
                 endpoint: Endpoint | None = None):
     """The action policy of a rollout: oracle/random (scripted), in-process HF model, or an OpenAI-compatible server
-    (``endpoint``: the served actor, required when there is an actor checkpoint; else ``policy.base_url``)."""
+    (``endpoint``: the served actor, required when there is an actor checkpoint; else ``policy.base_url``); a model
+    policy grounds its element ids by name where ``policy.name_grounding`` says so (``agent.grounding``)."""
+    policy = _model_or_scripted_policy(settings, actor_ref, temperature, purpose, endpoint)
+    if backend_for(settings, purpose) not in identity.SCRIPTED_POLICIES and \
+            grounding.applies(settings.policy.name_grounding, purpose):
+        return grounding.NameGroundedPolicy(policy)
+    return policy
+
+
+def _model_or_scripted_policy(settings: Any, actor_ref: ArtifactRef | None, temperature: float, purpose: str,
+                              endpoint: Endpoint | None):
     backend = backend_for(settings, purpose)
     if backend == "oracle":
         return OraclePolicy()

@@ -1,6 +1,6 @@
 """On every held-out task, the element each oracle step acts on is in the prompt the policy sees, with its id:
 the compact page (``prompt.observation: compact`` and ``compact_id_after``) and the simplified HTML, within the
-prompt budget."""
+prompt budget; and name grounding (``agent.grounding``) leaves every oracle step as written."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from webrl_core.agent.grounding import ground_response
 from webrl_core.config import load_config
 from webrl_core.env.actions import parse_action
 from webrl_core.env.rollout import rollout
@@ -28,7 +29,7 @@ def test_every_held_out_oracle_element_is_in_the_prompt_the_policy_sees(sites):
     episodes = asyncio.run(rollout(tasks, OraclePolicy(), 4, cfg=cfg, hooks=sites, purpose="oracle",
                                    progress=False, prompt_compat=fmt))
     assert len(episodes) == len(tasks) == 165
-    missing, acted = [], 0
+    missing, acted, regrounded = [], 0, []
     for e in episodes:
         assert e["env_score"] == 1.0, (e["task_id"], e["error"])
         past = []
@@ -43,5 +44,8 @@ def test_every_held_out_oracle_element_is_in_the_prompt_the_policy_sees(sites):
                 if (f"[{element}]" not in page or f"[{element}]" not in after_page
                         or f'id="{element}"' not in html_prompt.rsplit("Round", 1)[-1]):
                     missing.append((e["task_id"], s["idx"], element))
+                if ground_response(s["response"], s["html"]) != s["response"]:
+                    regrounded.append((e["task_id"], s["idx"], element))
             past.append(s["response"])
     assert acted > 300 and not missing, missing[:10]
+    assert not regrounded, regrounded[:10]

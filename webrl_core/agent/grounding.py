@@ -29,6 +29,12 @@ written); all: every model rollout, the bootstrap's and the evaluation's too."""
 _NAMED = re.compile(r"^\s*# Element: *(.+?) *$", re.M)
 
 
+def named_element(response: str) -> str | None:
+    """The text of a response's ``# Element:`` comment line (the element it says it acts on), or None."""
+    m = _NAMED.search(response)
+    return m.group(1).strip() if m else None
+
+
 def applies(scope: str, purpose: str) -> bool:
     """Whether grounding acts in a ``purpose`` rollout (``rollout`` = a phase's own experience)."""
     return scope == "all" or (scope == "phases" and purpose == "rollout")
@@ -41,10 +47,9 @@ def ground_response(response: str, html: str) -> str:
         action = parse_action(response)
     except ActionParseError:
         return response
-    named = _NAMED.search(response)
-    if action.element is None or named is None:
+    name = named_element(response)
+    if action.element is None or name is None:
         return response
-    name = named.group(1).strip()
     texts = element_texts(html)
     if texts.get(action.element) == name:
         return response

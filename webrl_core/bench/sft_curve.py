@@ -40,20 +40,19 @@ from __future__ import annotations
 import json
 import math
 import random
-import re
 import statistics
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
+from webrl_core.agent.grounding import named_element
 from webrl_core.artifacts import read_jsonl, write_jsonl
 from webrl_core.env.actions import ActionParseError, parse_action
 
 TYPED = ("Type", "Search", "Select Dropdown Option")
 MARKS = ("exact", "element", "typed_args", "well_formed", "stops", "grounding")
 """A step's marks (module docstring), in the order tables and plots show them."""
-_NAMED = re.compile(r"^# Element: *(.+?) *$", re.M)  # the element a response names in its comment line
 
 
 def oracle_steps(store, episode_ids: list[str]) -> list[dict]:
@@ -108,9 +107,8 @@ def score(response: str, oracle: str) -> dict[str, bool | None]:
         got = None
     same = got is not None and (got.name, got.element, got.argument, got.message) == \
         (want.name, want.element, want.argument, want.message)
-    named, want_named = _NAMED.search(response), _NAMED.search(oracle)
-    same_name = named is not None and want_named is not None and \
-        named.group(1).casefold() == want_named.group(1).casefold()
+    named, want_named = named_element(response), named_element(oracle)
+    same_name = named is not None and want_named is not None and named.casefold() == want_named.casefold()
     return {"exact": same, "well_formed": got is not None,
             "element": None if want.element is None else (got is not None and got.element == want.element),
             "typed_args": None if want.name not in TYPED else (got is not None and got.argument == want.argument),

@@ -184,22 +184,23 @@ class _Compact(HTMLParser):
         self._flush()
 
 
-def compact_page(html: str, id_after: bool = False) -> str:
-    """The compact rendering of one simplified-HTML observation (module docstring); a leading ``[error] ...``
-    line is kept as the first line. ``id_after``: each id after the element's text instead of before it."""
+def _parsed(html: str, id_after: bool) -> tuple[_Compact, list[str]]:
+    """The parser after the page (a leading ``[error] ...`` line set aside), and that line as a list of 0 or 1."""
     m = _ERROR_LINE.match(html)
     p = _Compact(id_after)
     p.feed(html[m.end():] if m else html)
     p.close()
-    lines = ([m.group(1)] if m else []) + p.lines
-    return "\n".join(lines)
+    return p, [m.group(1)] if m else []
+
+
+def compact_page(html: str, id_after: bool = False) -> str:
+    """The compact rendering of one simplified-HTML observation (module docstring); a leading ``[error] ...``
+    line is kept as the first line. ``id_after``: each id after the element's text instead of before it."""
+    p, error = _parsed(html, id_after)
+    return "\n".join(error + p.lines)
 
 
 def element_texts(html: str) -> dict[str, str]:
     """What identifies each element with an id, as the compact rendering writes it: a link's or button's text (its
     title when empty), a field's placeholder (or title). Elements whose text spans lines and selects are left out."""
-    m = _ERROR_LINE.match(html)
-    p = _Compact(id_after=True)
-    p.feed(html[m.end():] if m else html)
-    p.close()
-    return p.texts
+    return _parsed(html, id_after=True)[0].texts

@@ -22,10 +22,6 @@ from typing import Any
 from webrl_core.compact_page import element_texts
 from webrl_core.env.actions import ActionParseError, parse_action
 
-SCOPES = ("off", "phases", "all")
-"""``policy.name_grounding``: off; phases: the phases' own training rollouts only (the evaluated actor acts as
-written); all: every model rollout, the bootstrap's and the evaluation's too."""
-
 _NAMED = re.compile(r"^\s*# Element: *(.+?) *$", re.M)
 
 
@@ -36,7 +32,8 @@ def named_element(response: str) -> str | None:
 
 
 def applies(scope: str, purpose: str) -> bool:
-    """Whether grounding acts in a ``purpose`` rollout (``rollout`` = a phase's own experience)."""
+    """Whether grounding acts in a ``purpose`` rollout under ``policy.name_grounding`` = ``scope`` (off; phases:
+    the phases' own training rollouts, purpose ``rollout``; all: every model rollout)."""
     return scope == "all" or (scope == "phases" and purpose == "rollout")
 
 
@@ -53,16 +50,15 @@ def ground_response(response: str, html: str) -> str:
     texts = element_texts(html)
     if texts.get(action.element) == name:
         return response
-    exact = [i for i, t in texts.items() if t == name]
-    folded = [i for i, t in texts.items() if t.casefold() == name.casefold()]
-    target = exact if exact else folded
-    if len(target) != 1 or target[0] == action.element:
-        return response
+    target = [i for i, t in texts.items() if t == name] or \
+        [i for i, t in texts.items() if t.casefold() == name.casefold()]
     call_at = response.rfind("do(")
+    if len(target) != 1 or target[0] == action.element or call_at < 0:
+        return response
     head, call = response[:call_at], response[call_at:]
     new_call, n = re.subn(r"""(element\s*=\s*)(["']?)%s\2""" % re.escape(action.element),
                           lambda m: f"{m.group(1)}{m.group(2)}{target[0]}{m.group(2)}", call, count=1)
-    return head + new_call if n == 1 and call_at >= 0 else response
+    return head + new_call if n == 1 else response
 
 
 class NameGroundedPolicy:

@@ -61,6 +61,13 @@ def needs_server(settings: Any, actor_ref: ArtifactRef | None, purpose: str) -> 
     return backend_for(settings, purpose) == "openai" and actor_ref is not None
 
 
+def grounds_by_name(settings: Any, purpose: str) -> bool:
+    """Whether a ``purpose`` rollout's model policy grounds its element ids by name (``policy.name_grounding``;
+    scripted policies act as written)."""
+    return backend_for(settings, purpose) not in identity.SCRIPTED_POLICIES and \
+        grounding.applies(settings.policy.name_grounding, purpose)
+
+
 def rollout_identity(settings: Any, actor_ref: ArtifactRef | None, temperature: float, purpose: str
                      ) -> dict[str, str]:
     """What acts in a rollout, as it enters the episode keys: the policy's identity and the digest of the
@@ -77,7 +84,7 @@ def rollout_identity(settings: Any, actor_ref: ArtifactRef | None, temperature: 
         extra["prompt_compat"] = fmt.key
     if (settings.eval.judge or "").strip():
         extra["judge"] = describe_judge(settings)
-    if sampled and grounding.applies(settings.policy.name_grounding, purpose):
+    if grounds_by_name(settings, purpose):
         extra["name_grounding"] = True
     if extra:
         digest = identity.digest({"settings": digest, **extra})
@@ -110,10 +117,7 @@ def make_policy(settings: Any, actor_ref: ArtifactRef | None, temperature: float
     (``endpoint``: the served actor, required when there is an actor checkpoint; else ``policy.base_url``); a model
     policy grounds its element ids by name where ``policy.name_grounding`` says so (``agent.grounding``)."""
     policy = _model_or_scripted_policy(settings, actor_ref, temperature, purpose, endpoint)
-    if backend_for(settings, purpose) not in identity.SCRIPTED_POLICIES and \
-            grounding.applies(settings.policy.name_grounding, purpose):
-        return grounding.NameGroundedPolicy(policy)
-    return policy
+    return grounding.NameGroundedPolicy(policy) if grounds_by_name(settings, purpose) else policy
 
 
 def _model_or_scripted_policy(settings: Any, actor_ref: ArtifactRef | None, temperature: float, purpose: str,

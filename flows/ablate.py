@@ -19,7 +19,7 @@ from webrl_core.runs import tracking
 from webrl_core.config import load_config
 from webrl_core.pipeline.generation import NoSeedTasks
 from webrl_core.pipeline.updates import NoTrainingData
-from webrl_core.runs.rundir import run_dir_of
+from webrl_core.pipeline import validate
 
 
 @flow(name="webrl-ablate", log_prints=True)
@@ -33,7 +33,8 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
     extra = {v: ablation.variant_overrides(v) for v in variants}  # unknown names fail before any work
     overrides = list(overrides or [])
     settings = load_config(config, sets=overrides)
-    root = Path(run_dir).resolve() if run_dir else Path(f"{run_dir_of(settings)}-ablate")
+    validate.check_phase_count(phases)
+    root = ablation.ablation_dir(settings, run_dir)
     shared = Path(bootstrap_dir).resolve() if bootstrap_dir else None
     if shared:
         ablation.check_shared_bootstrap(shared, settings, seeds)

@@ -19,6 +19,7 @@ from tasks import stages as T
 from webrl_core.runs import report, tracking
 from webrl_core.artifacts import ArtifactRef, read_json
 from webrl_core.pipeline.experience import merge_rollouts
+from webrl_core.pipeline.validate import check_phase_count
 from webrl_core.agent.rollout_policy import needs_server, phase_policy_digest
 from webrl_core.runs.rundir import labelled_state
 
@@ -153,6 +154,7 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
 def webrl_train(config: str = "demo", phases: int | None = None, run_dir: str | None = None,
                 overrides: list[str] | None = None) -> dict:
     """Bootstrap (when needed) then N phases, each a sub-flow, nested under one MLflow run."""
+    check_phase_count(phases)
     results = {}
     with open_run(config, overrides, run_dir, "train", "webrl-train", params={"phases": phases}) as run, \
             run.record():  # opened first: the phases' MLflow runs nest under it

@@ -56,4 +56,7 @@ $VPY -m compileall -q -j 0 webrl_core webrl_cli flows tasks >/dev/null 2>&1 || t
 model_dir=$(.venv/bin/webrl models setup smollm2-135m-instruct 2>.venv/model-setup.log) \
   || { cat .venv/model-setup.log; echo "[setup] the pretrained model could not be made"; exit 1; }
 echo "[setup] pretrained model: $model_dir"
+# transformers' architecture tables, kept per version in ~/.cache/webrl (webrl_core/learn/model_folder.py): a model
+# folder of the wrong architecture is then refused in a second, not after importing transformers
+$VPY -c "from webrl_core.learn.model_folder import architecture_names; architecture_names()"
 echo "[setup] done: $($VPY -c 'import torch, prefect, transformers; print("torch", torch.__version__, "prefect", prefect.__version__, "transformers", transformers.__version__)')"

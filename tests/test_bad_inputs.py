@@ -16,7 +16,7 @@ import pytest
 from webrl_core.pipeline import validate as V
 from webrl_core.config import ConfigError, load_config
 from webrl_core.env import webarena as wa
-from webrl_core.learn.models import ModelFolderError, check_model_folder
+from webrl_core.learn.model_folder import ModelFolderError, check_model_folder
 from webrl_core.runs.store import StoreError, TrajectoryStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -86,11 +86,11 @@ def test_placeholder_without_url_fails_up_front_instead_of_erroring_every_episod
     embedded = load_config("smoke", sets=[f"eval.test_set={wiki}"], environ={})
     with pytest.raises(V.BadInputError, match=r"task #0 \(task_id=6\) needs site\(s\) \['wikipedia'\] \(__WIKIPEDIA__\)"
                        r"[\s\S]*embedded sites serve"):
-        V.check_test_set_file(embedded)
+        V.check_task_file(embedded)
     webarena = load_config("smoke", sets=[f"eval.test_set={wiki}", "sites.mode=webarena"],
                            environ={"MAP": "http://127.0.0.1:3000"})
     with pytest.raises(V.BadInputError, match=r"WIKIPEDIA=<url>"):
-        V.check_test_set_file(webarena)
+        V.check_task_file(webarena)
     from webrl_core.sites.server import SITE_APPS
 
     assert set(V.SITES) == set(SITE_APPS)
@@ -104,9 +104,9 @@ def test_placeholder_without_url_fails_up_front_instead_of_erroring_every_episod
 def test_empty_or_missing_test_set(tmp_path):
     empty = write_json(tmp_path / "empty.json", [])
     with pytest.raises(wa.TaskFileError, match=rf"{empty}: the task list is empty"):
-        V.check_test_set_file(load_config("smoke", sets=[f"eval.test_set={empty}"], environ={}))
+        V.check_task_file(load_config("smoke", sets=[f"eval.test_set={empty}"], environ={}))
     with pytest.raises(V.BadInputError, match=r"eval.test_set: no file '.*nope.json'"):
-        V.check_test_set_file(load_config("smoke", sets=[f"eval.test_set={tmp_path / 'nope.json'}"], environ={}))
+        V.check_task_file(load_config("smoke", sets=[f"eval.test_set={tmp_path / 'nope.json'}"], environ={}))
     with pytest.raises(V.BadInputError, match="the test set is empty"):
         V.check_test_set([], "embedded test set (eval.max_tasks=...)")
     with pytest.raises(ConfigError, match=r"field 'eval.max_tasks'.*greater than or equal to 1 \(got 0\)"):

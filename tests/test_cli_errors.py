@@ -121,3 +121,142 @@ def test_fetch_webarena_lite_writes_the_official_165_tasks(tmp_path):
     tasks = json.loads(out.read_text())
     assert len(tasks) == 165 and len({t["task_id"] for t in tasks}) == 165
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # no partial file left
+
+
+# ------------------------------------------------------------------------------------------------ issue 57
+# Bad input fails before any work: one line, the documented exit code (docs/usage.md), nothing written, in seconds.
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "webarena" / "mini_lite.raw.json"
+
+
+def nothing_written(*folders: Path) -> None:
+    for d in folders:
+        left = sorted(p.relative_to(d).as_posix() for p in d.rglob("*")) if d.exists() else []
+        assert left == [], f"{d} holds {left}"
+
+
+def test_phase_counts_and_seeds_are_refused_before_the_bootstrap(tmp_path):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    rd = tmp_path / "rd"
+    one_error(webrl("train", "--config", "smoke", "--phases", "0", "--run-dir", str(rd), cwd=cwd), 2,
+              "--phases 0", "webrl bootstrap")
+    one_error(webrl("ablate", "--config", "smoke", "--phases", "-1", "--run-dir", str(rd), cwd=cwd), 2, "--phases -1")
+    one_error(webrl("ablate", "--config", "smoke", "--seeds", "a,b", "--run-dir", str(rd), cwd=cwd), 2,
+              "--seeds 'a,b'", "'a' is not one")
+    one_error(webrl("config", "show", "smoke", "--set", "run.phases=0", cwd=cwd), 2, "run.phases")
+    assert not rd.exists()
+    nothing_written(cwd)
+
+
+def test_seed_tasks_are_checked_like_the_test_set(tmp_path):
+    tasks = json.loads(FIXTURE.read_text())[:2]
+    tasks[1]["eval"]["eval_types"] = ["string_match", "llm_judge"]
+    seeds = tmp_path / "seeds.json"
+    seeds.write_text(json.dumps(tasks))
+    rd = tmp_path / "rd"
+    err = one_error(webrl("bootstrap", "--config", "smoke", "--set", f"curriculum.seed_tasks={seeds}",
+                          "--run-dir", str(rd), cwd=tmp_path), 2, "seeds.json", "task #1", "llm_judge")
+    assert "curriculum.seed_tasks" in err and "eval.eval_types" in err
+    assert not rd.exists() and not (tmp_path / "runs").exists() and not (tmp_path / ".prefect").exists()
+
+
+def fake_checkpoint(folder: Path, config: dict) -> Path:
+    """A folder with a tokenizer file, weights and ``config``: only what the checks read (never loaded)."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "tokenizer.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize("config, named", [
+    ({"model_type": "bert"}, "'bert' is an encoder"),
+    ({"model_type": "bert", "architectures": ["BertForMaskedLM"]}, "BertForMaskedLM"),
+    ({"model_type": "roberta", "architectures": ["RobertaModel"]}, "'roberta' is an encoder"),
+    ({"model_type": "gpt2", "architectures": ["GPT2ForSequenceClassification"]}, "SequenceClassification"),
+    ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}, "'t5' has no causal-LM class"),
+    ({"model_type": "vit"}, "'vit' has no causal-LM class"),
+])
+def test_a_model_folder_that_is_no_causal_lm_is_refused_before_the_run_dir(tmp_path, config, named):
+    folder = fake_checkpoint(tmp_path / "model", config)
+    rd = tmp_path / "rd"
+    one_error(webrl("eval", "--config", "smoke", "--model", str(folder), "--run-dir", str(rd), cwd=tmp_path), 2,
+              "--model", "config.json", named)
+    one_error(webrl("eval", "--config", "smoke", "--set", f"models.actor={folder}", "--model", str(folder),
+                    "--run-dir", str(rd), cwd=tmp_path), 2, named)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_decoder_saved_from_an_encoder_type_passes_the_architecture_check(tmp_path):
+    from webrl_core.learn.model_folder import ModelFolderError, check_model_folder
+
+    folder = fake_checkpoint(tmp_path / "m", {"model_type": "bert", "is_decoder": True,
+                                               "architectures": ["BertLMHeadModel"]})
+    with pytest.raises(ModelFolderError, match="safetensors"):  # past the architecture: the empty weights file
+        check_model_folder(folder)
+
+
+def test_missing_inputs_exit_1_and_unknown_names_exit_2_however_they_are_named(tmp_path):
+    gone = tmp_path / "gone"
+    one_error(webrl("eval", "--config", "smoke", "--model", str(gone), cwd=tmp_path), 1, "--model", str(gone))
+    one_error(webrl("eval", "--config", "smoke", "--set", f"models.actor={gone}", cwd=tmp_path), 1,
+              "models.actor", str(gone))
+    one_error(webrl("eval", "--config", "smoke", "--set", "models.actor=smollm3", cwd=tmp_path), 2,
+              "'smollm3' is neither a known model name", "webrl models list")
+    one_error(webrl("config", "show", "no-such-config", cwd=tmp_path), 2, "unknown config name 'no-such-config'",
+              "demo-scratch")
+    one_error(webrl("demo", "--config", "no-such-config", cwd=tmp_path), 2, "unknown config name")
+    one_error(webrl("store", "compare", str(gone), str(gone), cwd=tmp_path), 1, "no such file")
+    for cmd in (("stats",), ("migrate",), ("export", "--phase", "1"), ("query", "SELECT 1")):
+        args = (cmd[0], str(gone), *cmd[1:])
+        one_error(webrl("store", *args, cwd=tmp_path), 1, str(gone))
+    err = one_error(webrl("reproduce", str(gone), "--phase", "1", cwd=tmp_path), 1, str(gone),
+                    "no such run directory")
+    assert "FileNotFoundError" not in err
+    nothing_written(tmp_path)
+
+
+def test_the_local_webarena_config_names_the_command_that_writes_its_inputs(tmp_path):
+    one_error(webrl("config", "show", "webarena-local", cwd=tmp_path), 1, "models.actor=", "bootstrap.sft_data=",
+              "curriculum.seed_tasks=", "`webrl webarena local-setup` writes them")
+    nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize("setting, named", [
+    ("replay.low=0.9 --set replay.high=0.5", "replay.low=0.9 must be below replay.high=0.5"),
+    ("curriculum.filter_low=0.8", "curriculum.filter_low=0.8 is above curriculum.filter_high"),
+    ("actor.micro_batch_size=3", "actor.micro_batch_size=3 must divide actor.batch_size"),
+    ("critic.micro_batch_size=3", "critic.micro_batch_size=3 must divide critic.batch_size"),
+    ("sites.port=70000", "sites.port"),
+    ("run.seed=-1", "run.seed"),
+    ("critic.head_init_std=0", "critic.head_init_std"),
+    ("policy.top_p=0", "(got 0)"),
+])
+def test_numbers_out_of_range_are_refused_by_the_schema(setting, named):
+    one_error(webrl("config", "show", "smoke", *" --set ".join(["", setting]).split()), 2, named)
+
+
+def test_option_ranges_name_the_flag(tmp_path):
+    one_error(webrl("env", "play", str(FIXTURE), "--index", "-1"), 2, "--index")
+    one_error(webrl("sites", "check", "--n", "0"), 2, "--n")
+    one_error(webrl("store", "query", str(tmp_path), "SELECT 1", "--limit", "0"), 2, "--limit")
+
+
+def test_prefect_state_goes_beside_the_run_dir_not_into_the_working_directory(tmp_path):
+    cwd, rd = tmp_path / "cwd", tmp_path / "elsewhere" / "rd"
+    cwd.mkdir()
+    code = ("import os; from webrl_cli.run_cmd import _load; _load('smoke', [], 'eval', run_dir=%r); "
+            "print(os.environ['PREFECT_HOME'])" % str(rd))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    r = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(rd.parent / ".prefect")
+    nothing_written(cwd)
+
+
+def test_a_closed_pipe_is_no_error():
+    p = subprocess.Popen([WEBRL, "config", "show", "--doc"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={**os.environ, "COLUMNS": "80"})
+    assert p.stdout.readline()  # the reader takes one line, then goes away (`| head -1`)
+    p.stdout.close()
+    assert p.wait(timeout=120) == 0, p.stderr.read().decode()

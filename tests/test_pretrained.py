@@ -26,7 +26,8 @@ def smol_folder():
 def test_converted_folder_has_the_gguf_logits(smol_folder):
     from transformers import AutoModelForCausalLM
 
-    from webrl_core.learn.models import check_model_folder, load_tokenizer
+    from webrl_core.learn.model_folder import check_model_folder
+    from webrl_core.learn.models import load_tokenizer
 
     check_model_folder(smol_folder)
     cfg = json.loads((smol_folder / "config.json").read_text())

@@ -22,11 +22,11 @@ for _mod in ("webrl_cli.bench_store", "webrl_cli.bench_rollout", "webrl_cli.benc
 
 @app.command("memory")
 def bench_memory(model: str = typer.Option(None, help="HF model folder or config.json (default: Llama-3-8B's config)"),
-                 seq: int = typer.Option(16384, help="tokens per sequence"),
-                 batch: int = typer.Option(1, help="sequences per micro-batch"),
-                 lora_r: int = typer.Option(16, help="LoRA rank (all-linear)"),
-                 lora_dropout: float = typer.Option(0.05, help="LoRA dropout (its masks cost activation memory)"),
-                 gpus: int = typer.Option(8, help="GPUs the last column shards the states over (FSDP / ZeRO-3)"),
+                 seq: int = typer.Option(16384, min=1, help="tokens per sequence"),
+                 batch: int = typer.Option(1, min=1, help="sequences per micro-batch"),
+                 lora_r: int = typer.Option(16, min=1, help="LoRA rank (all-linear)"),
+                 lora_dropout: float = typer.Option(0.05, min=0.0, max=1.0, help="LoRA dropout (its masks cost activation memory)"),
+                 gpus: int = typer.Option(8, min=1, help="GPUs the last column shards the states over (FSDP / ZeRO-3)"),
                  markdown: bool = typer.Option(False, "--markdown", help="print a Markdown table"),
                  out: str = typer.Option(None, help="write the numbers as JSON to this file")):
     """GPU memory of actor, critic and reference for each precision / LoRA / checkpointing setting, computed from
@@ -40,9 +40,9 @@ def bench_memory(model: str = typer.Option(None, help="HF model folder or config
 @app.command("serving")
 def bench_serving(model: str = typer.Option(..., help="HF model folder to serve (the actor checkpoint)"),
                   engines: str = typer.Option("webrl,vllm", help="comma-separated serving engines to compare"),
-                  requests: int = typer.Option(32, help="prompts sent (each a WebRL prompt on an oracle page)"),
-                  concurrency: int = typer.Option(8, help="requests in flight at once (like env.n_envs browsers)"),
-                  max_tokens: int = typer.Option(48, help="tokens generated per request (greedy)"),
+                  requests: int = typer.Option(32, min=1, help="prompts sent (each a WebRL prompt on an oracle page)"),
+                  concurrency: int = typer.Option(8, min=1, help="requests in flight at once (like env.n_envs browsers)"),
+                  max_tokens: int = typer.Option(48, min=1, help="tokens generated per request (greedy)"),
                   vllm_python: str = typer.Option(".venv-vllm/bin/python", help="vLLM's interpreter"),
                   config: str = typer.Option("smoke", help="config for models.* and serving.*"),
                   set_: list[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
@@ -98,17 +98,17 @@ def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/mo
 @app.command("sft-curve")
 def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt/bootstrap/models settings are "
                                                            "measured"),
-                    demos: Optional[int] = typer.Option(None, help="training tasks the oracle demonstrates (the SFT "
+                    demos: Optional[int] = typer.Option(None, min=1, help="training tasks the oracle demonstrates (the SFT "
                                                                    "data; default 300); with --folder: train on its "
                                                                    "first DEMOS demonstrations (default: all)"),
                     val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
-                    val_steps: int = typer.Option(60, help="validation steps scored greedily at each point"),
-                    every: int = typer.Option(40, help="optimizer steps between two points of the curve"),
+                    val_steps: int = typer.Option(60, min=1, help="validation steps scored greedily at each point"),
+                    every: int = typer.Option(40, min=1, help="optimizer steps between two points of the curve"),
                     every_epochs: Optional[float] = typer.Option(None, help="epochs between two points (0.25: a "
                                                                             "point every quarter epoch); "
                                                                             "replaces --every"),
                     label: str = typer.Option("", help="name of this recipe in the table, plot and MLflow run"),
-                    val_rollouts: int = typer.Option(0, help="after training, greedy rollouts on this many "
+                    val_rollouts: int = typer.Option(0, min=0, help="after training, greedy rollouts on this many "
                                                              "validation tasks: task success confirms the recipe"),
                     budget_s: Optional[float] = typer.Option(None, help="stop training after this many training "
                                                                         "seconds (the last point is measured)"),
@@ -139,9 +139,9 @@ def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt
 @app.command("sft-curve-export")
 def bench_sft_curve_export(config: str = typer.Option("demo", help="config whose prompt/models settings render the "
                                                                   "prompts"),
-                           demos: int = typer.Option(300, help="training tasks the oracle demonstrates"),
+                           demos: int = typer.Option(300, min=1, help="training tasks the oracle demonstrates"),
                            val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
-                           val_steps: int = typer.Option(120, help="validation steps the folder keeps"),
+                           val_steps: int = typer.Option(120, min=1, help="validation steps the folder keeps"),
                            out: str = typer.Option("runs/bench-sft/curve-folder", help="the portable folder to "
                                                                                        "write")):
     """Write the folder `webrl bench sft-curve --folder` trains from: the demonstrations' and the validation
@@ -157,9 +157,9 @@ def bench_sft_curve_export(config: str = typer.Option("demo", help="config whose
 def bench_next_action(run: Optional[str] = typer.Option(None, help="run dir: every phase's actor (models/phase=k/actor)"),
                       model: list[str] = typer.Option([], help="a checkpoint folder to mark as well (repeatable)"),
                       config: str = typer.Option("demo", help="config whose prompt/models/policy settings are used"),
-                      demos: int = typer.Option(300, help="the demonstrations whose intents validation avoids"),
+                      demos: int = typer.Option(300, min=1, help="the demonstrations whose intents validation avoids"),
                       val_tasks: int = VAL_TASKS, run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
-                      val_steps: int = typer.Option(120, help="validation steps each actor answers greedily"),
+                      val_steps: int = typer.Option(120, min=1, help="validation steps each actor answers greedily"),
                       out: str = typer.Option("runs/bench-sft/next-action", help="writes OUT.json and OUT.png")):
     """Next-action accuracy of each phase's actor of a run (and of named checkpoints) on the same validation steps
     as bench sft-curve: does a WebRL phase keep what the SFT start knew?"""
@@ -202,11 +202,11 @@ def bench_orm(train_run: list[str] = typer.Option([], help="run dir whose policy
 def bench_temperature(model: Optional[str] = typer.Option(None, help="actor checkpoint folder to sweep"),
                       run: Optional[str] = typer.Option(None, help="run dir: sweep its SFT actor (models/phase=0/actor)"),
                       temperatures: str = typer.Option("0,0.3,0.5,0.7,1.0", help="comma-separated temperatures"),
-                      samples: int = typer.Option(1, help="rollouts per task and temperature (>= 2: tasks solved "
+                      samples: int = typer.Option(1, min=1, help="rollouts per task and temperature (>= 2: tasks solved "
                                                             "sometimes)"),
                       config: str = typer.Option("demo", help="config whose env/prompt/models/policy settings are used"),
-                      demos: int = typer.Option(300, help="the demonstrations whose intents validation avoids"),
-                      val_tasks: int = typer.Option(30, help="validation tasks of the training pool"),
+                      demos: int = typer.Option(300, min=1, help="the demonstrations whose intents validation avoids"),
+                      val_tasks: int = typer.Option(30, min=1, help="validation tasks of the training pool"),
                       run_dir: str = SFT_RUN_DIR, set_: list[str] = SETS,
                       out: str = typer.Option("runs/bench-sft/temperature", help="writes OUT.json and OUT.png")):
     """Task success of an actor on validation tasks of the training pool at each sampling temperature: the

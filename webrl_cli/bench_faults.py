@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
                                        "after it started"),
         weight_tol: float = typer.Option(0.0, min=0.0, help="largest absolute weight difference accepted for the "
                                          "critic and actor (0: bit-identical)"),
-        timeout_s: float = typer.Option(1800.0, help="limit for one `webrl` command"),
+        timeout_s: float = typer.Option(1800.0, min=1.0, help="limit for one `webrl` command"),
         out: str = typer.Option("", help="write the rows as JSON to this file"),
     ) -> None:
         """Kill the flow (kill -9) in each stage of a phase, or one Chromium / the sites' server mid-rollout; re-run

@@ -7,11 +7,11 @@ import typer
 
 def register(app: typer.Typer) -> None:
     @app.command("score")
-    def bench_score(n: int = typer.Option(512, help="steps scored by both methods"),
+    def bench_score(n: int = typer.Option(512, min=1, help="steps scored by both methods"),
                     batch_sizes: str = typer.Option("1,2,4,8,16", help="micro-batch sizes tried for our method"),
                     html_chars: str = typer.Option("800,6000", help="min,max characters of synthetic HTML per step"),
-                    seed: int = typer.Option(0, help="seed of the synthetic steps and the model"),
-                    threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
+                    seed: int = typer.Option(0, min=0, help="seed of the synthetic steps and the model"),
+                    threads: int = typer.Option(0, min=0, help="torch threads (0: torch's default)"),
                     out: str = typer.Option(None, help="write the numbers as JSON to this file")):
         """Perplexity (1/PPL of the action) and ORM P(YES) scoring: batched vs the official one-at-a-time method,
         same embedded tiny Llama and the same steps, in one process."""
@@ -28,14 +28,14 @@ def register(app: typer.Typer) -> None:
                     set_: list[str] = typer.Option([], "--set", "-s", help="--model: section.key=value overrides"),
                     official: bool = typer.Option(True, help="--model: also run the official per-sample actor "
                                                   "stage for the ratio"),
-                    episodes: int = typer.Option(None, help="synthetic episodes, half successful (default 16; "
+                    episodes: int = typer.Option(None, min=1, help="synthetic episodes, half successful (default 16; "
                                                  "--model: 8)"),
-                    steps: int = typer.Option(None, help="steps per episode (default 4; --model: 2)"),
+                    steps: int = typer.Option(None, min=1, help="steps per episode (default 4; --model: 2)"),
                     html_chars: str = typer.Option("1500,4000", help="min,max characters of synthetic HTML per step"),
-                    batch_size: int = typer.Option(8, help="our samples per optimizer step (the official: 2, batch 1 x GA 2)"),
-                    micro_batch_size: int = typer.Option(0, help="our samples per forward pass (0: the default, 1 on CPU)"),
-                    seed: int = typer.Option(0, help="seed of the synthetic data and the model"),
-                    threads: int = typer.Option(0, help="torch threads (0: torch's default)"),
+                    batch_size: int = typer.Option(8, min=1, help="our samples per optimizer step (the official: 2, batch 1 x GA 2)"),
+                    micro_batch_size: int = typer.Option(0, min=0, help="our samples per forward pass (0: the default, 1 on CPU)"),
+                    seed: int = typer.Option(0, min=0, help="seed of the synthetic data and the model"),
+                    threads: int = typer.Option(0, min=0, help="torch threads (0: torch's default)"),
                     out: str = typer.Option(None, help="write the numbers as JSON to this file")):
         """Training throughput. With --model: SFT, critic and actor stages on that model, tokens/s and share of the
         matmul peak (in the run's dtype) measured in the same run, peak RSS per stage; last line

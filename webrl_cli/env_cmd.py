@@ -22,8 +22,8 @@ def miniwob_cmd(
     policy: str = typer.Option("oracle", help="oracle | random"),
     episodes: int = typer.Option(5, min=1, help="seeds per task"),
     n_envs: int = typer.Option(4, "--n-envs", min=1, help="concurrent browser contexts"),
-    seed: int = typer.Option(0, help="seed of the task instances (and of the random policy)"),
-    max_steps: int = typer.Option(10, help="actions per episode (AgentLab's MiniWoB++ setting: 10)"),
+    seed: int = typer.Option(0, min=0, help="seed of the task instances (and of the random policy)"),
+    max_steps: int = typer.Option(10, min=1, help="actions per episode (AgentLab's MiniWoB++ setting: 10)"),
     config: str | None = typer.Option(None, "--config", "-c", help="config file for the env section"),
     set_: list[str] = typer.Option([], "--set", help="section.key=value overrides"),
     out: Path | None = typer.Option(None, help="write the episodes (with steps) as JSONL here"),
@@ -80,7 +80,7 @@ def miniwob_cmd(
 @app.command("play")
 def play_cmd(
     target: str = typer.Argument(..., help="a URL, or a task JSON file (WebArena-Lite schema; a list: --index picks)"),
-    index: int = typer.Option(0, help="which task of a JSON list"),
+    index: int = typer.Option(0, min=0, help="which task of a JSON list"),
     config: str | None = typer.Option(None, "--config", "-c", help="config file (env and sites sections)"),
     set_: list[str] = typer.Option([], "--set", help="section.key=value overrides"),
     show_prompt: bool = typer.Option(False, help="print the full policy prompt instead of the observation"),
@@ -101,19 +101,28 @@ def play_cmd(
     settings = load_config(config, sets=set_ or ())
     cfg = settings.env
     console = Console()
+    by_url = ""
     if Path(target).is_file():
-        from webrl_core.env.webarena import read_task_file
+        from webrl_core.env.webarena import placeholder_sites, read_task_file, site_url_hint
 
         tasks = read_task_file(target)  # a TaskFileError names the file, the task and the field
         if not 0 <= index < len(tasks):
             raise BadInput(f"--index {index}: {target} holds {len(tasks)} task(s) (0 to {len(tasks) - 1})")
         task = tasks[index]
+        # env play serves the sites in sites.urls only (it starts no embedded sites, whatever sites.mode says):
+        # a placeholder of any other site would reach the browser as an invalid URL. Placeholders, not the
+        # `sites` list: an exported task (URLs substituted) plays without sites.urls
+        unserved = sorted(placeholder_sites(task) - set(settings.sites.urls))
+        if unserved:
+            raise BadInput(f"task #{index} (task_id={task.get('task_id')!r}) of {target} needs site"
+                           f"{'s' if len(unserved) > 1 else ''} {', '.join(unserved)}: {site_url_hint(unserved)}")
         from webrl_core.env.webarena_login import LOGIN_SITES
 
         hooks = (WebArenaHooks(settings.sites.urls, settings.sites.auth_dir, reset_command=settings.sites.reset_command,
                                login_sites=LOGIN_SITES) if settings.sites.urls else NoHooks())
     elif urlsplit(target).scheme in ("http", "https") and urlsplit(target).netloc:
         task = {"task_id": "play", "intent": "(interactive)", "start_url": target, "sites": []}
+        by_url = "; a URL given to env play is never scored"
         hooks = NoHooks(allowed=[url_host(target)] if url_host(target) else [])
     elif "://" in target:
         raise BadInput(f"{target}: not an http(s) URL; give a URL like http://127.0.0.1:PORT/ (`webrl sites serve` "
@@ -153,8 +162,8 @@ def play_cmd(
                     console.print(f"episode over: status={env.status} answer={env.answer!r}")
                     try:
                         console.print(f"score = {await env.evaluate()}")
-                    except Exception as e:  # a URL without an eval spec cannot be scored
-                        console.print(f"(not scored: {e})")
+                    except Exception as e:  # a URL (no eval spec), a check that could not run: shown, not fatal
+                        console.print(f"(not scored: {e}{by_url})", markup=False, highlight=False, soft_wrap=True)
                     break
             await env.close()
 

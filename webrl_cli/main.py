@@ -97,6 +97,12 @@ class WebrlTyper(typer.Typer):
         except typer.Abort:
             typer.echo("Aborted!", err=True)
             sys.exit(1)
+        except SystemExit as e:
+            # `webrl ... | head`: the reader closed the pipe, having what it wanted; rich and typer turn the EPIPE into
+            # exit 1 (stdout already pointed at /dev/null or pacified), but a closed pipe is no error of the command
+            if e.code == 1 and isinstance(e.__context__, BrokenPipeError):
+                sys.exit(0)
+            raise
         except Exception as e:
             code = report_error(e)
             if code is None:

@@ -15,9 +15,11 @@ from webrl_cli.prefect_stack import stops_its_tree
 app = typer.Typer()
 
 
-def prefect_env(run_root: str) -> None:
-    """Where Prefect keeps results and its local DB; set before prefect is imported."""
-    root = Path(run_root).resolve()
+def prefect_env(beside: str | Path) -> None:
+    """Where Prefect keeps results and its local DB: ``.prefect`` and ``.prefect-results`` in ``beside`` (the folder
+    that holds the run dir, never an unrelated working directory); set before prefect is imported, once the
+    inputs are checked, so a refused command writes nothing."""
+    root = Path(beside).resolve()
     for sub in (".prefect", ".prefect-results"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_RESULTS_LOCAL_STORAGE_PATH", str(root / ".prefect-results"))
@@ -31,7 +33,8 @@ def prefect_env(run_root: str) -> None:
 def _load(config: str, set_: list[str], flow: str | None = None, run_dir: str | None = None,
           phase: int | None = None, model: str | None = None):
     """Resolve the config and, for a flow, check its inputs before Prefect starts (seconds instead of a
-    minute and a traceback); the flow checks them again, for runs started from a deployment."""
+    minute and a traceback) and put Prefect's state beside the run dir; the flow checks them again, for runs
+    started from a deployment."""
     from webrl_core.config import load_config
 
     s = load_config(config, sets=set_)  # a ConfigError is printed by webrl_cli.main
@@ -44,10 +47,20 @@ def _load(config: str, set_: list[str], flow: str | None = None, run_dir: str | 
         runlock.check_free(rd, f"webrl-{flow}", phase)  # another flow runs there: say so
         for warning in validate.preflight(s, rd, model=model, phase=phase, flow=flow):
             typer.echo(f"warning: {warning}", err=True)
-    from webrl_core.runs.rundir import run_root
-
-    prefect_env(str(run_root(s)))
+        prefect_env(Path(rd).parent)
     return s
+
+
+def _seed_list(seeds: str) -> list[int]:
+    """``--seeds 0,1`` as integers (>= 0, at least one)."""
+    from webrl_core.errors import BadInput
+
+    items = [x.strip() for x in seeds.split(",") if x.strip()]
+    bad = [x for x in items if not x.isdigit()]
+    if bad or not items:
+        raise BadInput(f"--seeds {seeds!r}: expected comma-separated run seeds >= 0, e.g. --seeds 0,1"
+                       + (f" ({bad[0]!r} is not one)" if bad else ""))
+    return [int(x) for x in items]
 
 
 def print_table(run_dir: str) -> None:
@@ -105,14 +118,19 @@ def ablate(config: str = typer.Option("demo", help="config"),
     """The paper's Fig. 5 ablation: WebRL vs without replay vs without KL and replay, from one bootstrap per seed;
     prints the table (mean and range over seeds) and writes the plot."""
     from webrl_core.experiments import ablation
+    from webrl_core.pipeline.validate import check_phase_count, check_writable
 
+    check_phase_count(phases)
     chosen = [v.strip() for v in variants.split(",") if v.strip()]
     for v in chosen:
         ablation.variant_overrides(v)  # an unknown name fails before Prefect starts
-    seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+    seed_list = _seed_list(seeds)
     settings = _load(config, set_)
     if bootstrap:  # a misfit bootstrap fails before Prefect starts
         ablation.check_shared_bootstrap(bootstrap, settings, seed_list)
+    root = ablation.ablation_dir(settings, run_dir)
+    check_writable(root)
+    prefect_env(root.parent)
     from flows.ablate import webrl_ablate
 
     out = webrl_ablate(config=config, phases=phases, seeds=seed_list, variants=chosen, run_dir=run_dir,
@@ -127,6 +145,9 @@ def train(config: str = typer.Option("demo", help="config"), phases: Optional[in
           run_dir: Optional[str] = typer.Option(None, help="run directory (default <run.root>/<run.name>)"),
           set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
     """Bootstrap (when needed) then N phases."""
+    from webrl_core.pipeline.validate import check_phase_count
+
+    check_phase_count(phases)
     _load(config, set_, "train", run_dir)
     from flows.webrl import webrl_train
 
@@ -216,9 +237,10 @@ def reproduce(run_dir: str = typer.Argument(..., help="run directory of a finish
     """Re-run a phase from its recorded artifacts and report whether the outputs match."""
     import json
 
-    from webrl_core.experiments.reproduce import reproduce_phase
+    from webrl_core.experiments.reproduce import check_reproducible, reproduce_phase
 
-    prefect_env(str(Path(run_dir).resolve().parent))
+    check_reproducible(run_dir, phase)  # a missing run dir or phase fails before Prefect writes its state
+    prefect_env(Path(run_dir).resolve().parent)
     rep = reproduce_phase(run_dir, phase, redo_rollouts=rollouts)
     for name, v in rep["outputs"].items():
         extra = f" (max |dw| = {v['max_abs_weight_diff']:.3g})" if "max_abs_weight_diff" in v else ""

@@ -48,7 +48,7 @@ def _ignore_signals() -> None:
 
 @app.command("mlflow")
 def serve_mlflow(run_dir: str = typer.Option("runs/demo", help="run directory whose mlflow.db to serve"),
-                 port: int = typer.Option(5000, help="port on 127.0.0.1")):
+                 port: int = typer.Option(5000, min=1, max=65535, help="port on 127.0.0.1")):
     """MLflow UI on 127.0.0.1 with a low memory footprint (1 worker, job execution off). Ctrl-C, SIGTERM or SIGHUP
     stops it (exit code 0)."""
     import subprocess
@@ -88,7 +88,7 @@ def serve_mlflow(run_dir: str = typer.Option("runs/demo", help="run directory wh
 
 
 @app.command("prefect")
-def serve_prefect(port: int = typer.Option(4200, help="Prefect server port on 127.0.0.1"),
+def serve_prefect(port: int = typer.Option(4200, min=1, max=65535, help="Prefect server port on 127.0.0.1"),
                   home: str = typer.Option("runs/.prefect", help="PREFECT_HOME (server DB, logs)"),
                   run_root: str = typer.Option("runs", envvar="WEBRL_RUN_ROOT",
                                                help="where the worker's flow runs put run dirs (each with its task "

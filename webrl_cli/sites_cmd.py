@@ -26,7 +26,7 @@ def _tasks(split: str, n: int | None, seed: int, data_seed: int) -> list[dict]:
 
 
 @app.command()
-def serve(data_seed: int = typer.Option(0, help="seed of the generated site data"),
+def serve(data_seed: int = typer.Option(0, min=0, help="seed of the generated site data"),
           host: str = typer.Option("127.0.0.1", help="loopback interface to bind")) -> None:
     """Start the five sites, print their URLs and logins, run until Ctrl-C (or SIGTERM)."""
     import signal
@@ -64,11 +64,11 @@ def serve(data_seed: int = typer.Option(0, help="seed of the generated site data
 @app.command()
 def check(policy: str = typer.Option("oracle", help="oracle or random"),
           split: str = typer.Option("test", help="test: the fixed held-out set; train: a sample of training tasks"),
-          n: int = typer.Option(None, help="number of tasks (test: stratified subset; train: sample size)"),
-          n_envs: int = typer.Option(2, help="browser contexts at once"),
-          seed: int = typer.Option(0, help="sampling seed (train split) and random-policy seed"),
-          data_seed: int = typer.Option(0, help="seed of the generated site data"),
-          show_failures: int = typer.Option(5, help="print the steps of this many failed episodes")) -> None:
+          n: int = typer.Option(None, min=1, help="number of tasks (test: stratified subset; train: sample size)"),
+          n_envs: int = typer.Option(2, min=1, help="browser contexts at once"),
+          seed: int = typer.Option(0, min=0, help="sampling seed (train split) and random-policy seed"),
+          data_seed: int = typer.Option(0, min=0, help="seed of the generated site data"),
+          show_failures: int = typer.Option(5, min=0, help="print the steps of this many failed episodes")) -> None:
     """Run a policy through the env's rollout and print success per site and per family."""
     from rich.console import Console
     from rich.table import Table
@@ -101,9 +101,9 @@ def check(policy: str = typer.Option("oracle", help="oracle or random"),
 
 @app.command("obs-stats")
 def obs_stats(split: str = typer.Option("test", help="test or train"),
-              n: int = typer.Option(55, help="tasks whose oracle episodes are measured (stratified)"),
-              n_envs: int = typer.Option(2, help="browser contexts at once"),
-              seed: int = typer.Option(0, help="sampling seed (train split)"),
+              n: int = typer.Option(55, min=1, help="tasks whose oracle episodes are measured (stratified)"),
+              n_envs: int = typer.Option(2, min=1, help="browser contexts at once"),
+              seed: int = typer.Option(0, min=0, help="sampling seed (train split)"),
               as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """Characters per simplified-HTML observation along oracle episodes: p50/p95/max per site."""
     from rich.console import Console

@@ -61,7 +61,7 @@ def stats(run_dir: str = typer.Argument(..., help="run directory (contains store
 @app.command("query")
 def query(run_dir: str = typer.Argument(..., help="run directory"),
           sql: str = typer.Argument(..., help="SQL over the views tasks, episodes, steps, scores"),
-          limit: int = typer.Option(50, help="rows to print"),
+          limit: int = typer.Option(50, min=1, help="rows to print"),
           csv: Optional[str] = typer.Option(None, help="write all rows to this CSV instead")):
     """Run SQL against the store's DuckDB views."""
     import duckdb
@@ -93,10 +93,10 @@ def query(run_dir: str = typer.Argument(..., help="run directory"),
 
 @app.command("export")
 def export(run_dir: str = typer.Argument(..., help="run directory"),
-           phase: int = typer.Option(..., help="phase to export"),
+           phase: int = typer.Option(..., min=0, help="phase to export"),
            format: str = typer.Option("jsonl", help="webrl-pt (official process_data.py records, torch.save) | jsonl"),
            out: Optional[str] = typer.Option(None, help="output path (default: <run_dir>/export/phase=N.<ext>)"),
-           gamma: float = typer.Option(0.9, help="discount for mc_return")):
+           gamma: float = typer.Option(0.9, min=0.0, max=1.0, help="discount for mc_return")):
     """Export a phase's trajectories (official stage-1 record format or JSON lines)."""
     import json
 
@@ -136,7 +136,7 @@ def export(run_dir: str = typer.Argument(..., help="run directory"),
 @app.command("import-traces")
 def import_traces(traces_dir: str = typer.Argument(..., help="VAB result dir (with traces/*.jsonl) or the traces/ dir"),
                   run_dir: str = typer.Option(..., "--run-dir", help="run directory to import into"),
-                  phase: int = typer.Option(0, help="phase to file the episodes under")):
+                  phase: int = typer.Option(0, min=0, help="phase to file the episodes under")):
     """Import VAB-WebArena-Lite `traces/*.jsonl` (+ actions/<id>.json scores) as episodes and steps."""
     from webrl_core.runs.store import TrajectoryStore
     from webrl_core.learn.transitions import import_vab_traces

@@ -1,4 +1,5 @@
-"""`webrl tasks ...`: WebArena-Lite task files (the official test set, export with site URLs, validation)."""
+"""`webrl tasks ...`: WebArena-Lite task files (the official test set, export with site URLs, validation; the
+embedded sites' task files validate too)."""
 
 from __future__ import annotations
 
@@ -45,15 +46,18 @@ def export_webarena_cmd(
 
 
 @app.command("validate")
-def validate_cmd(file: Path = typer.Argument(..., help="a raw task list, an exported list, or one <idx>.json")):
-    """Check every task's 13 fields and eval spec; print counts per site and eval type."""
+def validate_cmd(file: Path = typer.Argument(..., help="a raw task list, an exported list, one <idx>.json, or a "
+                                                       "run's tasks/test.json (the embedded sites' tasks)")):
+    """Check every task's 13 fields and eval spec (an embedded-site task: its own fields too); print counts per site
+    and eval type."""
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.env.webarena import read_task_file, summarize
+    from webrl_core.env.webarena import is_embedded_task, read_task_file, summarize
 
     tasks = read_task_file(file)  # a TaskFileError is printed by webrl_cli.main
-    typer.echo(f"{file}: {len(tasks)} valid task(s)")
+    n_emb = sum(map(is_embedded_task, tasks))
+    typer.echo(f"{file}: {len(tasks)} valid task(s)" + (f", {n_emb} of them embedded-site tasks" if n_emb else ""))
     con = Console()
     for name, counts in summarize(tasks).items():
         table = Table(title=name.replace("_", " "))

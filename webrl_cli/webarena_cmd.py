@@ -18,7 +18,7 @@ def login(
                                                    "sites.urls that has a login: shopping, shopping_admin, gitlab, "
                                                    "reddit)"),
     auth_dir: Optional[Path] = typer.Option(None, "--auth-dir", help="folder for the states (default: sites.auth_dir)"),
-    timeout: float = typer.Option(30.0, help="seconds per page load / element wait"),
+    timeout: float = typer.Option(30.0, min=0.1, help="seconds per page load / element wait"),
     config: Optional[str] = typer.Option(None, "--config", "-c", help="config (path or packaged name)"),
     set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides"),
 ) -> None:
@@ -69,26 +69,26 @@ def login(
 
 @app.command("local-setup")
 def local_setup(
-    out_dir: Path = typer.Option(Path("runs/webarena-local-inputs"), "--dir",
-                                 help="folder for the inputs (configs/webarena-local.yaml reads this default)"),
-    demo_tasks: int = typer.Option(80, help="training tasks the oracle demonstrates (the SFT data)"),
-    seed_tasks: int = typer.Option(24, help="training tasks in the seed task file (phase 0 rolls them out)"),
-    data_seed: int = typer.Option(0, help="seed of the sites' data: the same as `webrl sites serve --data-seed`"),
-    seed: int = typer.Option(0, help="seed of the task samples and of the models' initialisation"),
+    out_dir: Optional[Path] = typer.Option(None, "--dir", help="folder for the inputs (default: "
+                                           "runs/webarena-local-inputs, where configs/webarena-local.yaml reads them)"),
+    demo_tasks: int = typer.Option(80, min=1, help="training tasks the oracle demonstrates (the SFT data)"),
+    seed_tasks: int = typer.Option(24, min=1, help="training tasks in the seed task file (phase 0 rolls them out)"),
+    data_seed: int = typer.Option(0, min=0, help="seed of the sites' data: the same as `webrl sites serve --data-seed`"),
+    seed: int = typer.Option(0, min=0, help="seed of the task samples and of the models' initialisation"),
     arch: str = typer.Option("llama", help="architecture of the base and ORM models: llama or qwen2"),
     compat: str = typer.Option("webrl", help="prompt format of the SFT data (prompt.compat): webrl or official"),
-    n_envs: int = typer.Option(4, help="browser contexts for the oracle's demonstrations"),
+    n_envs: int = typer.Option(4, min=1, help="browser contexts for the oracle's demonstrations"),
 ) -> None:
     """Write the real-model path's inputs for the embedded sites served as WebArena (`webrl sites serve`, URLs in
     SHOPPING, SHOPPING_ADMIN, GITLAB, REDDIT, MAP): an HF base model and ORM of a real architecture, the SFT data as
     a ShareGPT file from oracle demonstrations, seed and test task files in WebArena-Lite format. Then:
     `webrl train --config webarena-local`."""
     from webrl_core.config import EmbeddedModelConfig, EnvConfig, env_site_urls
-    from webrl_core.pipeline.local_webarena import prepare_local_inputs
+    from webrl_core.pipeline.local_webarena import DEFAULT_DIR, prepare_local_inputs
 
     model = EmbeddedModelConfig(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2, vocab_size=2048,
                                 max_length=2048, arch=arch)  # head_dim 64: what vLLM's CPU attention takes
-    paths = prepare_local_inputs(out_dir, env_site_urls(), demo_tasks=demo_tasks, seed_tasks=seed_tasks,
+    paths = prepare_local_inputs(out_dir or Path(DEFAULT_DIR), env_site_urls(), demo_tasks=demo_tasks, seed_tasks=seed_tasks,
                                  model=model, env_cfg=EnvConfig(n_envs=n_envs, max_steps=10), compat=compat,
                                  data_seed=data_seed, seed=seed)
     for field, path in paths.items():

@@ -30,10 +30,11 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from webrl_core.errors import BadInput, MissingInput
 from webrl_core.hardware import auto_dtype
-from webrl_core.pretrained import resolve_model_ref, setup_command
+from webrl_core.pretrained import ALIASES, KNOWN, resolve_model_ref, setup_command
 from webrl_core.prompts import COMPATS, OBSERVATIONS, STYLES
 from webrl_core.websites import ALL_SITES
 
@@ -64,6 +65,14 @@ class ConfigFileMissing(ConfigError, MissingInput):
     """The config file (or an ``extends:`` parent) does not exist and is no packaged config."""
 
 
+class ConfigPathMissing(ConfigError, MissingInput):
+    """Every problem of the config is a file or folder it names that does not exist (exit code 1, as a missing
+    ``--model`` folder)."""
+
+
+PATH_MISSING = "path_missing"  # the pydantic error type of a configured path that does not exist
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -75,21 +84,36 @@ def _loopback_host(v: str) -> str:
     return v
 
 
-def _existing_path(value: str | None, field: str) -> str | None:
+def _existing_path(value: str | None) -> str | None:
+    """The value of a path field, which must exist; a ``PATH_MISSING`` error (the message names the path) else."""
     if value in (None, ""):
         return None
     if "://" in str(value):  # a URL (an endpoint or a remote store) is not checked here
         return value
     if not Path(os.path.expanduser(value)).exists():
-        raise ValueError(f"path does not exist: {value!r} (field {field})")
+        raise PydanticCustomError(PATH_MISSING, "no such file or folder '{path}'", {"path": str(value)})
     return value
+
+
+def _model_ref(v: str | None) -> str | None:
+    """A model field's value: a known short name (``webrl models list``) becomes its cache folder, which must be
+    made; anything else is a folder that must exist. A bare word that is neither is refused as an unknown name."""
+    folder = resolve_model_ref(v)
+    if folder and folder != v and not Path(folder).exists():
+        raise ValueError(f"{v!r} names a pretrained model whose folder {folder} is not made yet: run "
+                         f"`{setup_command(v)}`")
+    if folder and "/" not in folder and os.sep not in folder and not Path(os.path.expanduser(folder)).exists():
+        raise ValueError(f"{v!r} is neither a known model name ({', '.join(sorted({**KNOWN, **ALIASES}))}; "
+                         f"`webrl models list`) nor an existing folder (give a path like ./{v} for a folder here)")
+    return _existing_path(folder)
 
 
 class RunConfig(Section):
     name: str = Field("default", description="run name; the run directory is <root>/<name>")
     root: str = Field("runs", description="folder that holds run directories")
-    seed: int = Field(0, description="global seed for task sampling, rollouts and training")
-    phases: int = Field(2, ge=0, description="number of WebRL phases `webrl train` runs after the bootstrap")
+    seed: int = Field(0, ge=0, description="global seed for task sampling, rollouts and training")
+    phases: int = Field(2, ge=1, description="number of WebRL phases `webrl train` runs after the bootstrap (phase 0 "
+                        "alone: `webrl bootstrap`)")
 
 
 class SitesConfig(Section):
@@ -98,8 +122,8 @@ class SitesConfig(Section):
     urls: dict[str, str] = Field(default_factory=dict,
                                  description="site name -> base URL; filled from SHOPPING, WA_SHOPPING, ... env vars")
     host: str = Field("127.0.0.1", description="interface the embedded sites bind to (loopback only)")
-    port: int = Field(0, ge=0, description="port of the embedded sites server; 0 picks a free one")
-    data_seed: int = Field(0, description="seed of the embedded sites' generated data")
+    port: int = Field(0, ge=0, le=65535, description="port of the embedded sites server; 0 picks a free one")
+    data_seed: int = Field(0, ge=0, description="seed of the embedded sites' generated data")
     workers: Literal["process", "thread"] = Field(
         "process", description="serve the embedded sites from a child process (no GIL contention with the rollout) "
         "or a thread of the rollout process")
@@ -219,11 +243,7 @@ class ModelsConfig(Section):
     @classmethod
     def _exists(cls, v: str | None, info) -> str | None:
         """A known short name (``smollm2-135m-instruct``) becomes its model-cache folder; the folder must exist."""
-        folder = resolve_model_ref(v)
-        if folder and folder != v and not Path(folder).exists():
-            raise ValueError(f"models.{info.field_name}={v!r} names a pretrained model whose folder {folder} is not "
-                             f"made yet: run `{setup_command(v)}`")
-        return _existing_path(folder, f"models.{info.field_name}")
+        return _model_ref(v)
 
     @property
     def dtype_why(self) -> str:
@@ -268,7 +288,7 @@ class ServingConfig(Section):
         None, description="interpreter of the engine, e.g. .venv-vllm/bin/python (infra/setup_vllm.sh); empty: the "
         "flow's own")
     host: str = Field("127.0.0.1", description="interface the served actor binds to")
-    port: int = Field(0, ge=0, description="port of the served actor; 0 picks a free one")
+    port: int = Field(0, ge=0, le=65535, description="port of the served actor; 0 picks a free one")
     served_model_name: str = Field("webrl-actor", description="model name the engine serves the actor under")
     startup_timeout_s: float = Field(900.0, gt=0, description="seconds to wait for the engine's /v1/models")
     extra_args: list[str] = Field(default_factory=list, description="more arguments appended to the command, e.g. "
@@ -279,7 +299,7 @@ class ServingConfig(Section):
     @field_validator("python")
     @classmethod
     def _python_exists(cls, v: str | None) -> str | None:
-        return _existing_path(v, "serving.python")
+        return _existing_path(v)
 
     @field_validator("host")
     @classmethod
@@ -334,14 +354,27 @@ class RewardConfig(Section):
         "scores the episodes either way, so its accuracy against the evaluators is reported")
 
 
-class CriticConfig(Section):
+class MicroBatched(Section):
+    """A training section whose optimizer step of ``batch_size`` items runs in forward passes of
+    ``micro_batch_size``."""
+
+    @model_validator(mode="after")
+    def _micro_divides_batch(self):
+        if self.micro_batch_size and self.batch_size % self.micro_batch_size:
+            name = "critic" if isinstance(self, CriticConfig) else "actor"
+            raise ValueError(f"{name}.micro_batch_size={self.micro_batch_size} must divide {name}.batch_size="
+                             f"{self.batch_size} (accumulation makes up the rest of the step)")
+        return self
+
+
+class CriticConfig(MicroBatched):
     lr: float = Field(3e-4, gt=0, description="critic learning rate (1e-6 for 8B models in the paper)")
     epochs: float = Field(1.0, gt=0, description="critic epochs per phase (paper: 1)")
     batch_size: int = Field(8, ge=1, description="prompts per critic optimizer step (x grad_accum)")
     micro_batch_size: int | None = Field(
         None, ge=1, description="prompts per forward pass (must divide batch_size; accumulation makes up the rest, "
         "the step is the same). None: 1 on CPU, else batch_size")
-    head_init_std: float | None = Field(0.2, description="std of the first two head Linears (official 0.2; ~1/sqrt(h) is calmer; null: PyTorch default)")
+    head_init_std: float | None = Field(0.2, gt=0, description="std of the first two head Linears (official 0.2; ~1/sqrt(h) is calmer; null: PyTorch default)")
     max_grad_norm: float = Field(1.0, gt=0, description="critic gradient clipping (paper: 1.0)")
     grad_accum: int = Field(1, ge=1, description="critic gradient accumulation steps")
     replay: bool = Field(
@@ -369,8 +402,15 @@ class ReplayConfig(Section):
                                  "until_cap: score a seeded shuffle until the cap is filled (the same random "
                                  "subset's distribution, a fraction of the cost once the buffer is large)")
 
+    @model_validator(mode="after")
+    def _window(self) -> ReplayConfig:
+        if self.low >= self.high:
+            raise ValueError(f"replay.low={self.low} must be below replay.high={self.high}: the window (low, high] "
+                             f"of 1/perplexity would keep no step")
+        return self
 
-class ActorTrainConfig(Section):
+
+class ActorTrainConfig(MicroBatched):
     """The KL-constrained actor update: the only definition of its settings. ``training.WebRLConfig`` (the
     Trainer's arguments) takes its loss fields, with their types, defaults and help, from ``LOSS_FIELDS`` below,
     and its optimisation arguments from the rest (``WebRLConfig.from_settings``)."""
@@ -445,7 +485,14 @@ class CurriculumConfig(Section):
     @field_validator("seed_tasks")
     @classmethod
     def _seed_file(cls, v: str | None) -> str | None:
-        return _existing_path(v, "curriculum.seed_tasks")
+        return _existing_path(v)
+
+    @model_validator(mode="after")
+    def _filter_window(self) -> CurriculumConfig:
+        if self.filter_low > self.filter_high:
+            raise ValueError(f"curriculum.filter_low={self.filter_low} is above curriculum.filter_high="
+                             f"{self.filter_high}: the critic filter [low, high] would keep no task")
+        return self
 
     @model_validator(mode="after")
     def _breadth_is_embedded(self) -> CurriculumConfig:
@@ -493,8 +540,7 @@ class BootstrapConfig(Section):
     @field_validator("sft_actor", "sft_data")
     @classmethod
     def _exists(cls, v: str | None, info) -> str | None:
-        return _existing_path(resolve_model_ref(v) if info.field_name == "sft_actor" else v,
-                              f"bootstrap.{info.field_name}")
+        return _model_ref(v) if info.field_name == "sft_actor" else _existing_path(v)
 
 
 class EvalConfig(Section):
@@ -719,6 +765,9 @@ def _resolve_ref(ref: str, base: Path | None) -> Path:
     if pk.exists():
         return pk
     where = f" (referenced from {base})" if base else ""
+    if "/" not in ref and os.sep not in ref and not ref.endswith((".yaml", ".yml")):  # a name, not a path
+        raise ConfigError(f"unknown config name {ref!r}{where}; packaged configs: {', '.join(packaged_config_names())} "
+                          f"(`webrl config list`), or give the path of a YAML file")
     raise ConfigFileMissing(f"config file not found: {ref!r}{where}; packaged configs: {packaged_config_names()}")
 
 
@@ -800,18 +849,35 @@ def _allowed_for(loc: tuple, model: type[BaseModel] = None) -> str:
     return ", ".join(sorted(model.model_fields))
 
 
+def _missing_paths_error(errors: list[dict], source: str) -> ConfigPathMissing:
+    """One line for configured paths that do not exist, with the command that writes them where one does."""
+    from webrl_core.pipeline.local_webarena import maker_command
+
+    named = [f"{'.'.join(str(p) for p in e['loc'])}={e['ctx']['path']!r}" for e in errors]
+    makers = sorted({m for e in errors if (m := maker_command(e["ctx"]["path"]))})
+    how = f"; `{'`, `'.join(makers)}` writes them" if makers else ""
+    return ConfigPathMissing(f"config {source}: {len(named)} path(s) do not exist (relative to {Path.cwd()}): "
+                             f"{', '.join(named)}{how}")
+
+
 def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config {source}:"]
+    """``invalid config SOURCE: field 'a.b': what is wrong (got VALUE)``: one line for one problem, else one line
+    per field under the heading."""
+    lines = []
     for e in err.errors():
         loc = tuple(e["loc"])
         field = ".".join(str(p) for p in loc)
         if e["type"] == "extra_forbidden":
-            lines.append(f"  field '{field}': unknown key; allowed keys here: {_allowed_for(loc)}")
+            lines.append(f"field '{field}': unknown key; allowed keys here: {_allowed_for(loc)}")
         else:
+            msg = e["msg"].removeprefix("Value error, ")
             got = e.get("input")
-            got_s = f" (got {got!r})" if not isinstance(got, dict) else ""
-            lines.append(f"  field '{field}': {e['msg']}{got_s}")
-    return "\n".join(lines)
+            named = isinstance(got, dict) or (isinstance(got, str) and repr(got) in msg)  # the message shows it
+            got_s = "" if named else f" (got {got!r})"
+            lines.append(f"field '{field}': {msg}{got_s}")
+    if len(lines) == 1:
+        return f"invalid config {source}: {lines[0]}"
+    return "\n".join([f"invalid config {source}:"] + [f"  {ln}" for ln in lines])
 
 
 def load_config(path: str | Path | None = None, overlays: list[str | Path] = (),
@@ -841,6 +907,8 @@ def load_config(path: str | Path | None = None, overlays: list[str | Path] = (),
     try:
         return WebRLSettings.model_validate(data)
     except ValidationError as e:
+        if all(err["type"] == PATH_MISSING for err in e.errors()):
+            raise _missing_paths_error(e.errors(), source) from None
         raise ConfigError(_format_errors(e, source)) from None
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import os
+import importlib.metadata
 import importlib.util
 from pathlib import Path
 
@@ -58,11 +59,23 @@ def device_summary(device: str) -> str:
     return f"{torch.cuda.get_device_name()}, bf16" if bf16 else torch.cuda.get_device_name()
 
 
+def _may_have_cuda() -> bool:
+    """False when CUDA is certainly absent: a CPU build of torch ("+cpu"), or no NVIDIA driver on the machine. It
+    spares importing torch (seconds) to learn that, so a command that refuses bad input does so at once."""
+    try:
+        if importlib.metadata.version("torch").endswith("+cpu"):
+            return False
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    # /dev/dxg: the GPU of WSL2, where CUDA runs without /dev/nvidia*
+    return Path("/proc/driver/nvidia").exists() or Path("/dev/dxg").exists() or any(Path("/dev").glob("nvidia*"))
+
+
 def _cuda_bf16(device: str) -> bool | None:
     """None when the run is not on CUDA; else whether the GPU supports bf16."""
     if device == "cpu" or not (device == "auto" or device.startswith("cuda")):
         return None
-    if importlib.util.find_spec("torch") is None:
+    if importlib.util.find_spec("torch") is None or not _may_have_cuda():
         return None
     import torch
 

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from webrl_cli.main import app
-from webrl_core.errors import BadInput
+from webrl_core.errors import BadInput, MissingInput
 from webrl_core.pipeline import compare as C
 from webrl_core.runs.store import TrajectoryStore
 
@@ -48,7 +48,7 @@ def test_sign_test_values():
 
 
 def test_bad_references_name_the_file(tmp_path):
-    with pytest.raises(BadInput, match="no such file"):
+    with pytest.raises(MissingInput, match="no such file"):  # a missing file: exit code 1, as for every command
         C.resolve_evaluation(f"{tmp_path}:phase=3")
     (tmp_path / "x.json").write_text('{"episode_ids": []}')
     with pytest.raises(BadInput, match="no run dir with a store"):

@@ -474,7 +474,8 @@ class WebEnv:
         """The task's ground-truth score on the final page state (site hook, else the WebArena evaluators), or
         None when it is unscored: the task needs an LLM judge (fuzzy_match, the N/A reason check), this env has
         none (``judge=None``: ``eval.judge`` is empty) and no other check scored 0. ``last_eval`` keeps the
-        ``EvalResult`` with one detail row per check (who judged, the judge's reply, why a check is unscored)."""
+        ``EvalResult`` with one detail row per check (who judged, the judge's reply, why a check is unscored).
+        A task without an ``eval`` spec that the site hook does not score is a ValueError that says so."""
         from webrl_core.env.evaluators import EvalResult, evaluate_task
 
         hook = getattr(self.hooks, "evaluate_episode", None)
@@ -486,6 +487,8 @@ class WebEnv:
                     self.last_eval = EvalResult(float(score), [{"evaluator": "site", "check": "evaluate_episode",
                                                                 "score": float(score)}])
                     return float(score)
+            if not isinstance(self.task.get("eval"), dict):  # a URL played by hand; else a bare KeyError 'eval'
+                raise ValueError("this task has no 'eval' spec")
             result = await evaluate_task(self.task, self.page, self.answer, helpers=self.hooks.eval_helpers(),
                                          judge=self.judge)
             self.last_eval = result

@@ -3,7 +3,8 @@
 * A raw task file is a JSON list of task objects in the format of VAB-WebArena-Lite's task configs: each has the 13
   keys of :class:`WebArenaTask` (:data:`TASK_KEYS`), typed and checked by that pydantic model and its ``eval`` block
   (:class:`EvalConfig`). Malformed tasks raise :class:`TaskFileError` naming the file, the task (index and task_id)
-  and the field.
+  and the field. A task with a ``family`` is one of the embedded sites' (:class:`EmbeddedTask`: what
+  ``<run_dir>/tasks/test.json`` holds) and is checked by that schema instead.
 * Placeholders ``__SHOPPING__``, ``__SHOPPING_ADMIN__``, ``__REDDIT__``, ``__GITLAB__``, ``__MAP__``, ``__WIKIPEDIA__``,
   ``__HOMEPAGE__`` are replaced by site base URLs (no trailing "/") in every string of the task, eval included;
   multi-tab ``start_url`` values (`` |AND| ``) are substituted per tab. Sites missing from the given URLs fall back to
@@ -276,6 +277,15 @@ def _tabs_not_empty(start_url: str) -> str:
     return start_url
 
 
+def _known_family(name: str) -> str:
+    from webrl_core.sites.families import FAMILIES  # here: only embedded tasks pay for the sites' import
+
+    if name not in FAMILIES:
+        raise _problem(f"unknown family {name!r}; allowed: the names in webrl_core/sites/families, e.g. "
+                       f"{list(FAMILIES)[:3]}")
+    return name
+
+
 class WebArenaTask(_Strict):
     """One task config of a WebArena(-Lite) task file: its 13 keys, all required (:data:`TASK_KEYS`)."""
 
@@ -294,6 +304,23 @@ class WebArenaTask(_Strict):
     intent_template_id: Annotated[int, _task_field("int")]
 
 
+class EmbeddedTask(WebArenaTask):
+    """A task of the embedded sites, as ``sites.tasks.make_task`` writes it (``<run_dir>/tasks/test.json``, the
+    phases' task files): the WebArena-Lite keys but ``old_task_id`` (optional), plus ``family``, ``split`` and
+    ``data_seed``, and ``parent_task_id`` on a curriculum child. Our own files must pass our own validator."""
+
+    old_task_id: Annotated[int | str | None, _task_field("int, str or null")] = None
+    family: Annotated[str, _task_field("a family name (webrl_core/sites/families)"), AfterValidator(_known_family)]
+    split: Annotated[Literal["test", "train"], _task_field("'test' or 'train'")]
+    data_seed: Annotated[int, _task_field("a non-negative int", ok=lambda n: n >= 0)]
+    parent_task_id: Annotated[int | str | None, _task_field("int, str or null")] = None
+
+
+def is_embedded_task(task: Any) -> bool:
+    """Only the embedded task generator writes ``family`` (LLM-generated and WebArena-Lite tasks have none)."""
+    return isinstance(task, dict) and "family" in task
+
+
 TASK_KEYS = tuple(WebArenaTask.model_fields)
 REFERENCE_ANSWER_KEYS = tuple(ReferenceAnswers.model_fields)
 REQUIRED_CONTENT_KEYS = tuple(RequiredContents.model_fields)
@@ -310,11 +337,12 @@ def _report_order(err) -> int:
 
 
 def task_errors(task: Any) -> list[str]:
-    """Every problem of one task object, as "field 'x': ..." strings (empty list = valid)."""
+    """Every problem of one task object, as "field 'x': ..." strings (empty list = valid); an embedded-site task
+    (:func:`is_embedded_task`) by its own schema."""
     if not isinstance(task, dict):
         return [f"expected a task object, got {_type_name(task)}"]
     try:
-        WebArenaTask.model_validate(task)
+        (EmbeddedTask if is_embedded_task(task) else WebArenaTask).model_validate(task)
     except ValidationError as e:
         return [f"field '{_field_path(err['loc'])}': {line}" for err in sorted(e.errors(), key=_report_order)
                 for line in ("missing" if err["type"] == "missing" else err["msg"]).split("\n")]
@@ -328,9 +356,12 @@ def validate_tasks(tasks: Any, source: str = "<tasks>") -> list[dict]:
     lines = []
     for i, t in enumerate(tasks):
         tid = t.get("task_id") if isinstance(t, dict) else None
-        lines += [f"{source}: task #{i} (task_id={tid!r}): {e}" for e in task_errors(t)]
+        kind = ", an embedded-site task" if is_embedded_task(t) else ""
+        lines += [f"{source}: task #{i} (task_id={tid!r}{kind}): {e}" for e in task_errors(t)]
     ids = Counter(t.get("task_id") for t in tasks if isinstance(t, dict) and "task_id" in t)
     lines += [f"{source}: task_id {k!r} appears {n} times" for k, n in ids.items() if n > 1]
+    if len(lines) == 1:
+        raise TaskFileError(lines[0])
     if lines:
         more = f"\n... and {len(lines) - 30} more" if len(lines) > 30 else ""
         raise TaskFileError(f"{len(lines)} problem(s) in {source}:\n" + "\n".join(lines[:30]) + more)
@@ -421,6 +452,13 @@ def needed_sites(task: dict) -> set[str]:
     return placeholder_sites(task) | {s for s in task.get("sites") or [] if s in PLACEHOLDERS.values()}
 
 
+def site_url_hint(sites: Iterable[str]) -> str:
+    """How to give the URLs of ``sites``: the environment variables ``config`` reads, or ``sites.urls``."""
+    sites = sorted(sites)
+    return ("set " + ", ".join(f"{s.upper()}=<url>" for s in sites) + " (or sites.urls." + sites[0]
+            + " in the config)")
+
+
 def unserved_sites(tasks: list[dict], served: Iterable[str], source: str = "<tasks>") -> list[str]:
     """One line per task that needs a site (by its placeholders or its ``sites`` list) outside ``served``."""
     served = set(served)
@@ -455,8 +493,7 @@ def load_webarena_tasks(raw_path: str | Path, urls: dict[str, str] | None = None
             need = sorted(set().union(*(needed_sites(t) for t in tasks)) - set(given))
             raise TaskFileError(
                 f"{len(lines)} task(s) of {raw_path} need a site URL that is not configured:\n" + "\n".join(lines[:10])
-                + more + "\nset " + ", ".join(f"{s.upper()}=<url>" for s in need)
-                + " (or sites.urls." + need[0] + " in the config)")
+                + more + "\n" + site_url_hint(need))
     return [_substitute_given(t, given) for t in tasks]
 
 

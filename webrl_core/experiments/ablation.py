@@ -39,6 +39,13 @@ class ForkError(BadInput):
     """A variant's run dir holds a phase 0 other than the bootstrap it should share."""
 
 
+def ablation_dir(settings: "WebRLSettings", run_dir: str | Path | None = None) -> Path:
+    """The ablation's folder: ``run_dir`` if given, else ``<run.root>/<run.name>-ablate``; absolute."""
+    from webrl_core.runs.rundir import run_dir_of
+
+    return Path(run_dir).resolve() if run_dir else Path(f"{run_dir_of(settings)}-ablate")
+
+
 def variant_overrides(name: str) -> list[str]:
     """The overrides of a known variant; ValueError naming the known ones otherwise."""
     if name not in VARIANTS:

@@ -15,13 +15,10 @@ import os
 import shutil
 from pathlib import Path
 
-from safetensors.torch import load_file
 
 from webrl_core.artifacts import ArtifactRef, read_json, sha256_path
 from webrl_core.config import load_config
-from webrl_core.env.rollout import plan_episode_ids
-from webrl_core.pipeline import experience, updates
-from webrl_core.agent.rollout_policy import rollout_identity
+from webrl_core.errors import BadInput, MissingInput
 from webrl_core.runs.rundir import model_ref
 from webrl_core.runs.store import TrajectoryStore
 from webrl_core.websites import SUCCESS_THRESHOLD
@@ -38,6 +35,8 @@ def _link(src: Path, dst: Path) -> None:
 
 
 def max_weight_diff(a: str | Path, b: str | Path) -> float:
+    from safetensors.torch import load_file
+
     fa = sorted(Path(a).glob("*.safetensors"))
     fb = {p.name: p for p in Path(b).glob("*.safetensors")}
     worst = 0.0
@@ -48,14 +47,38 @@ def max_weight_diff(a: str | Path, b: str | Path) -> float:
     return worst
 
 
-def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False) -> dict:
+def recorded_outputs(run: Path, phase: int) -> dict[str, Path]:
+    """The outputs of a finished phase that a reproduction compares against."""
+    return {"samples": run / "data" / f"phase={phase}" / "samples.jsonl",
+            "replay": run / "data" / f"phase={phase}" / "replay.jsonl",
+            "critic": run / "models" / f"phase={phase}" / "critic",
+            "actor": run / "models" / f"phase={phase}" / "actor"}
+
+
+def check_reproducible(run_dir: str | Path, phase: int) -> Path:
+    """The run dir is a run's (its ``config.yaml``) and recorded phase ``phase`` >= 1; checked before anything is
+    written. Returns the resolved run dir."""
     run = Path(run_dir).resolve()
     if phase < 1:
-        raise ValueError("reproduce works on phases >= 1 (the bootstrap is re-run by webrl bootstrap)")
-    cfg_path = run / "config.yaml"
-    if not cfg_path.exists():
-        raise FileNotFoundError(f"{cfg_path} missing: not a run directory")
-    s = load_config(cfg_path)
+        raise BadInput(f"--phase {phase}: reproduce works on phases >= 1 (the bootstrap is re-run by webrl bootstrap)")
+    if not run.is_dir():
+        raise MissingInput(f"{run_dir}: no such run directory (give the run dir of a finished run, e.g. runs/demo)")
+    if not (run / "config.yaml").is_file():
+        raise MissingInput(f"{run_dir}: not a run directory (no config.yaml in it)")
+    missing = [str(p) for p in recorded_outputs(run, phase).values() if not p.exists()]
+    if missing:
+        raise MissingInput(f"{run_dir}: phase {phase} did not record {', '.join(missing)}; run it first (webrl phase "
+                           f"--phase {phase} --run-dir {run_dir})")
+    return run
+
+
+def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False) -> dict:
+    from webrl_core.agent.rollout_policy import rollout_identity
+    from webrl_core.env.rollout import plan_episode_ids
+    from webrl_core.pipeline import experience, updates  # the stages (torch, transformers): after the checks
+
+    run = check_reproducible(run_dir, phase)
+    s = load_config(run / "config.yaml")
     out = run / "reproduce" / f"phase={phase}"
     if out.exists():
         shutil.rmtree(out)
@@ -64,13 +87,7 @@ def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False
     for k in sorted({0, phase - 1}):
         _link(run / "models" / f"phase={k}", out / "models" / f"phase={k}")
     rd = str(out)
-    recorded = {"samples": run / "data" / f"phase={phase}" / "samples.jsonl",
-                "replay": run / "data" / f"phase={phase}" / "replay.jsonl",
-                "critic": run / "models" / f"phase={phase}" / "critic",
-                "actor": run / "models" / f"phase={phase}" / "actor"}
-    missing = [str(p) for p in recorded.values() if not p.exists()]
-    if missing:
-        raise FileNotFoundError(f"phase {phase} did not record: {missing}")
+    recorded = recorded_outputs(run, phase)
     report: dict = {"phase": phase, "run_dir": str(run), "outputs": {}}
     tasks = read_json(run / "tasks" / f"phase={phase}" / "tasks.json")
     ident = rollout_identity(s, model_ref(run, phase - 1, "actor"), s.policy.temperature, "rollout")

@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
-import struct
 import threading
 from pathlib import Path
 from typing import Iterable
@@ -54,8 +52,7 @@ from typing import Iterable
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, LoraConfig, ModelsConfig
-from webrl_core.errors import BadInput, MissingInput
-from webrl_core.pretrained import missing_hint
+from webrl_core.learn.model_folder import ModelFolderError, check_model_folder
 from webrl_core.prompts import BOS, EOT, SPECIAL_TOKENS
 
 ORM_ANSWER_TOKENS = ("YES", "NO")
@@ -137,103 +134,6 @@ def count_parameters(model) -> dict[str, int]:
         total += p.numel()
         trainable += p.numel() if p.requires_grad else 0
     return {"trainable_params": trainable, "total_params": total}
-
-
-class ModelFolderError(BadInput):
-    """A model or tokenizer folder cannot be used; the message names the folder, the file and what is expected."""
-
-
-class ModelFolderMissing(ModelFolderError, MissingInput):
-    """The model folder does not exist (also a FileNotFoundError, as before)."""
-
-
-# files that hold a tokenizer's vocabulary (any one is enough; tokenizer_config.json alone is not)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
-                   "sentencepiece.bpe.model", "tiktoken.model")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-
-
-def _listing(p: Path, n: int = 12) -> str:
-    names = sorted(x.name for x in p.iterdir())
-    return ", ".join(names[:n]) + (f", ... ({len(names)} files)" if len(names) > n else "") if names else "nothing"
-
-
-def _check_safetensors(f: Path, label: str = "") -> None:
-    """The header of a .safetensors file is readable and the file is as long as the header says."""
-    size = f.stat().st_size
-    try:
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            if n > size - 8:
-                raise ValueError("header longer than the file")
-            header = json.loads(fh.read(n))
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
-    except (struct.error, ValueError, KeyError, TypeError, IndexError) as e:
-        raise ModelFolderError(f"{label}{f}: not a readable safetensors file ({e}); the file is damaged or was not "
-                               f"fully copied") from None
-    if 8 + n + end != size:
-        raise ModelFolderError(f"{label}{f}: {size} bytes but its header describes {8 + n + end}; the file was "
-                               f"cut short (an interrupted copy or download?)")
-
-
-def check_model_folder(path: str | os.PathLike, what: str = "model", field: str | None = None) -> Path:
-    """Fail with a :class:`ModelFolderError` naming the folder and the missing or broken file, before any loading:
-    ``what="model"``: a folder with a parseable config.json of an architecture this transformers knows as a causal
-    LM, weights (safetensors or .bin, shards complete) and a tokenizer; ``what="tokenizer"``: tokenizer files."""
-    p = Path(os.path.expanduser(str(path)))
-    label = f"{field}: " if field else ""
-    if not p.exists():
-        raise ModelFolderMissing(f"{label}model folder {str(path)!r} does not exist{missing_hint(p)}")
-    if not p.is_dir():
-        raise ModelFolderError(f"{label}{str(path)!r} is a file; expected a Hugging Face model folder "
-                               f"(config.json, weights, tokenizer)")
-    if not any((p / f).is_file() for f in TOKENIZER_FILES) and not any(p.glob("*.tiktoken")):
-        raise ModelFolderError(f"{label}{p}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); it has: "
-                               f"{_listing(p)}. Save the tokenizer into the folder (tokenizer.save_pretrained)")
-    if what == "tokenizer":
-        return p
-    cfg_file = p / "config.json"
-    if not cfg_file.is_file():
-        raise ModelFolderError(f"{label}{p}: not a Hugging Face model folder (no config.json); it has: {_listing(p)}")
-    try:
-        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ModelFolderError(f"{label}{cfg_file}: not valid JSON ({e})") from None
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    mt = cfg.get("model_type") if isinstance(cfg, dict) else None
-    if mt not in CONFIG_MAPPING_NAMES:
-        import transformers
-
-        raise ModelFolderError(
-            f"{label}{cfg_file}: model_type {mt!r} is not an architecture transformers {transformers.__version__} "
-            f"knows (e.g. 'llama', 'qwen2', 'mistral', 'gpt_neox'); custom-code models are not loaded")
-    if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        raise ModelFolderError(f"{label}{cfg_file}: model_type {mt!r} has no causal-LM class (AutoModelForCausalLM); "
-                               f"webrl needs a decoder language model")
-    shards: list[Path] = []
-    index = next((p / f for f in ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-                  if (p / f).is_file()), None)
-    if index is not None:
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ModelFolderError(f"{label}{index}: not a valid shard index ({e})") from None
-        missing = [n for n in names if not (p / n).is_file()]
-        if missing:
-            raise ModelFolderError(f"{label}{p}: {len(missing)} of {len(names)} weight shard(s) named by {index.name} "
-                                   f"are missing, e.g. {missing[:3]}")
-        shards = [p / n for n in names]
-    elif (p / "model.safetensors").is_file():
-        shards = [p / "model.safetensors"]
-    elif not (p / "pytorch_model.bin").is_file():
-        raise ModelFolderError(f"{label}{p}: no weights (none of {', '.join(WEIGHT_FILES)}); it has: {_listing(p)}")
-    for f in shards:
-        if f.suffix == ".safetensors":
-            _check_safetensors(f, label)
-    return p
 
 
 def _check_folder(path: str | os.PathLike, what: str) -> Path:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from webrl_core.env.actions import Action
 from webrl_core.env.episode import outcome
-from webrl_core.errors import BadInput
+from webrl_core.errors import BadInput, MissingInput
 from webrl_core.runs.store import TrajectoryStore
 
 
@@ -82,7 +82,7 @@ def resolve_evaluation(ref: str) -> Path:
         run, name = ref.rsplit(":", 1)
         path = Path(run) / "eval" / f"{name}.json"
     if not path.is_file():
-        raise BadInput(f"evaluation {ref!r}: no such file {path} (give <run>/eval/<name>.json or <run dir>:<name>)")
+        raise MissingInput(f"evaluation {ref!r}: no such file {path} (give <run>/eval/<name>.json or <run dir>:<name>)")
     return path
 
 

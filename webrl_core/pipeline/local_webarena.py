@@ -28,6 +28,18 @@ from webrl_core.websites import SITES
 INPUT_FILES = {"base_model": "base-model", "orm": "orm-model", "sft_data": "sft_demos.sharegpt.json",
                "seed_tasks": "seed_tasks.raw.json", "test_set": "test_tasks.raw.json"}
 """What ``prepare_local_inputs`` writes, by the config field it feeds (``configs/webarena-local.yaml``)."""
+DEFAULT_DIR = "runs/webarena-local-inputs"
+"""Where ``webrl webarena local-setup`` writes them unless told otherwise (the paths webarena-local.yaml reads)."""
+
+
+def maker_command(path: str | Path) -> str | None:
+    """The command that writes a missing input ``path`` when it is one of ``INPUT_FILES`` (in the default folder or
+    another ``--dir``), else None: a config error then says how to make it."""
+    p = Path(path)
+    if p.name not in INPUT_FILES.values():
+        return None
+    where = "" if p.parent == Path(DEFAULT_DIR) else f" --dir {p.parent}"
+    return f"webrl webarena local-setup{where}"
 
 
 def as_webarena_lite(task: dict) -> dict:

@@ -9,8 +9,10 @@ flows call it first thing, so deployments get them too); each check also stands 
   of another run, and the run's links and tables would mix both), other changed fields are listed as warnings.
 * ``record_config``: writes ``config.yaml`` atomically; a different earlier one is kept in ``config-history/``
   (never overwritten silently), so every result in the run dir can be traced to the config that made it.
-* ``check_test_set_file`` / ``check_test_set``: the WebArena-Lite task file is valid JSON with valid tasks, not
-  empty, and every site its tasks need is served (embedded sites, or a URL in ``sites.urls`` / SHOPPING, ...).
+* ``check_task_file`` / ``check_test_set``: a task file (``eval.test_set``, ``curriculum.seed_tasks``) is valid JSON
+  with valid tasks, not empty, and every site its tasks need is served (embedded sites, or a URL in ``sites.urls`` /
+  SHOPPING, ...).
+* ``check_phase_count``: ``webrl train`` / ``ablate`` run at least one phase after the bootstrap.
 * ``check_model``: a model folder has config.json of a known causal LM, complete weights and a tokenizer.
 * ``check_policy_endpoint``: an OpenAI-compatible endpoint answers ``GET /models`` with the configured model and
   a 1-token completion in the OpenAI shape (not an HTML page, not another API).
@@ -190,13 +192,15 @@ def served_sites(settings: WebRLSettings) -> set[str]:
     return set(settings.sites.urls)
 
 
-def check_test_set_file(settings: WebRLSettings) -> list[dict] | None:
-    """Read and validate ``eval.test_set`` (None for the embedded set): exists, valid tasks, not empty, every
-    site its tasks need is served. Returns the raw tasks (placeholders kept)."""
-    from webrl_core.env.webarena import needed_sites, read_task_file, unserved_sites
+def check_task_file(settings: WebRLSettings, field: str = "eval.test_set") -> list[dict] | None:
+    """Read and validate the task file a config field names (``eval.test_set``, ``curriculum.seed_tasks``; None when
+    it names none, or the embedded test set): exists, valid tasks, not empty, every site its tasks need is served.
+    Returns the raw tasks (placeholders kept)."""
+    from webrl_core.env.webarena import TaskFileError, needed_sites, read_task_file, site_url_hint, unserved_sites
 
-    src = settings.eval.test_set
-    if src == "embedded":
+    section, key = field.split(".")
+    src = getattr(getattr(settings, section), key)
+    if src in (None, "", "embedded"):
         return None
     p = Path(os.path.expanduser(src))
     if not p.exists():
@@ -204,21 +208,25 @@ def check_test_set_file(settings: WebRLSettings) -> list[dict] | None:
 
         hint = (f"; `webrl tasks fetch-webarena-lite` writes the official {WEBARENA_LITE_FILE} here"
                 if p.name == WEBARENA_LITE_FILE else "")
-        raise InputMissing(f"eval.test_set: no file {src!r} (from {Path.cwd()}); expected 'embedded' or a "
-                           f"WebArena-Lite task JSON file{hint}")
-    tasks = read_task_file(p)  # TaskFileError names the file, the task and the field
-    check_test_set(tasks, f"eval.test_set {src}")
+        expected = "'embedded' or a WebArena-Lite" if field == "eval.test_set" else "a WebArena-Lite"
+        raise InputMissing(f"{field}: no file {src!r} (from {Path.cwd()}); expected {expected} task JSON file{hint}")
+    try:
+        tasks = read_task_file(p)  # TaskFileError names the file, the task and the field
+    except TaskFileError as e:
+        raise type(e)(f"{field}: {e}") from None  # and the config field that named the file
+    if field == "eval.test_set":
+        check_test_set(tasks, f"eval.test_set {src}")
+    elif not tasks:
+        raise BadInputError(f"{field} {src}: the file has no tasks; give a task file with tasks")
     lines = unserved_sites(tasks, served_sites(settings), src)
     if lines:
         if settings.sites.mode == "embedded":
             how = (f"the embedded sites serve {list(SITES)} only: use sites.mode=webarena with a URL for "
                    f"every site (SHOPPING=..., WIKIPEDIA=... or sites.urls), or drop those tasks")
         else:
-            need = sorted(set().union(*(needed_sites(t) for t in tasks)) - served_sites(settings))
-            how = ("give their URLs: " + ", ".join(f"{s.upper()}=<url>" for s in need)
-                   + " (or sites.urls.<site> in the config)")
+            how = site_url_hint(set().union(*(needed_sites(t) for t in tasks)) - served_sites(settings))
         more = f"\n... and {len(lines) - 10} more" if len(lines) > 10 else ""
-        raise BadInputError(f"{len(lines)} task(s) of eval.test_set {src} need a site that is not served "
+        raise BadInputError(f"{len(lines)} task(s) of {field} {src} need a site that is not served "
                             f"(sites.mode={settings.sites.mode}):\n" + "\n".join(lines[:10]) + more + "\n" + how)
     return tasks
 
@@ -228,7 +236,7 @@ def check_model(path: str | os.PathLike | None, field: str) -> None:
     """A usable HF causal-LM folder (``models.check_model_folder``); None/"" passes (nothing configured)."""
     if path in (None, ""):
         return
-    from webrl_core.learn.models import check_model_folder
+    from webrl_core.learn.model_folder import check_model_folder
 
     check_model_folder(path, "model", field=field)
 
@@ -279,6 +287,13 @@ def check_policy_endpoint(settings: WebRLSettings, timeout_s: float = 10.0) -> s
 
 
 # ------------------------------------------------------------------------------------------------ phases, store
+def check_phase_count(phases: int | None, flag: str = "--phases") -> None:
+    """A number of phases to run after the bootstrap is at least 1 (None: the config's ``run.phases``)."""
+    if phases is not None and phases < 1:
+        raise BadInputError(f"{flag} {phases}: the number of WebRL phases after the bootstrap must be >= 1; phase 0 "
+                            f"alone is `webrl bootstrap`")
+
+
 def check_phase_inputs(run_dir: str | os.PathLike, phase: int, settings: WebRLSettings) -> None:
     """Phase k >= 1 needs phase k-1's actor and critic, and the ORM (phase 0's or models.orm)."""
     rd = Path(run_dir)
@@ -343,7 +358,8 @@ def preflight(settings: WebRLSettings, run_dir: str | os.PathLike, *, model: str
     if flow == "phase":
         check_phase_inputs(run_dir, phase if phase is not None else 1, settings)
     warnings = check_run_dir(run_dir, settings)
-    check_test_set_file(settings)
+    check_task_file(settings, "eval.test_set")
+    check_task_file(settings, "curriculum.seed_tasks")
     check_store(run_dir)
     check_real_path(settings, flow)
     if settings.policy.backend == "openai" and (settings.serving.engine == "external" or (flow == "eval" and not model)):

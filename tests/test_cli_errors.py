@@ -19,10 +19,17 @@ from webrl_core.runs.store import TrajectoryStore
 WEBRL = str(Path(sys.executable).parent / "webrl")
 
 
-def webrl(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WEBRL_TRACEBACK": "", "COLUMNS": "80"}
-    return subprocess.run([WEBRL, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+SITE_VARS = ("SHOPPING", "SHOPPING_ADMIN", "REDDIT", "GITLAB", "MAP", "WIKIPEDIA", "HOMEPAGE")
+
+
+def webrl(*args: str, cwd: Path | None = None, input: str | None = None, timeout: int = 300,
+          **env: str) -> subprocess.CompletedProcess:
+    """A `webrl` process without the caller's site URLs (SHOPPING=..., WA_SHOPPING=...), plus ``env``; ``input`` is
+    its standard input (none by default)."""
+    base = {k: v for k, v in os.environ.items() if k.removeprefix("WA_") not in SITE_VARS}
+    return subprocess.run([WEBRL, *args], cwd=cwd, env={**base, "WEBRL_TRACEBACK": "", "COLUMNS": "80", **env},
+                          capture_output=True, text=True, timeout=timeout,
+                          input=input, stdin=None if input is not None else subprocess.DEVNULL)
 
 
 def one_error(r: subprocess.CompletedProcess, code: int, *names: str, one_line: bool = True) -> str:
@@ -158,6 +165,10 @@ def test_seed_tasks_are_checked_like_the_test_set(tmp_path):
                           "--run-dir", str(rd), cwd=tmp_path), 2, "seeds.json", "task #1", "llm_judge")
     assert "curriculum.seed_tasks" in err and "eval.eval_types" in err
     assert not rd.exists() and not (tmp_path / "runs").exists() and not (tmp_path / ".prefect").exists()
+    one_error(webrl("bootstrap", "--config", "smoke", "--set", "models.actor=smollm2", "--set",
+                    f"bootstrap.sft_data={FIXTURE}", "--run-dir", str(rd), cwd=tmp_path), 2,
+              "bootstrap.sft_data", "mini_lite.raw.json")  # a task file where demonstrations belong
+    assert not rd.exists() and not (tmp_path / "runs").exists()
 
 
 def fake_checkpoint(folder: Path, config: dict) -> Path:
@@ -240,6 +251,13 @@ def test_option_ranges_name_the_flag(tmp_path):
     one_error(webrl("env", "play", str(FIXTURE), "--index", "-1"), 2, "--index")
     one_error(webrl("sites", "check", "--n", "0"), 2, "--n")
     one_error(webrl("store", "query", str(tmp_path), "SELECT 1", "--limit", "0"), 2, "--limit")
+    one_error(webrl("webarena", "local-setup", "--arch", "bert", cwd=tmp_path), 2, "--arch 'bert'", "llama")
+    one_error(webrl("webarena", "local-setup", "--compat", "nope", cwd=tmp_path), 2, "--compat 'nope'", "official")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    one_error(webrl("eval", "--config", "smoke", "--model", "smollm2", "--run-dir", str(a_file / "rd"), cwd=tmp_path),
+              2, "is a file, not a folder", "--run-dir")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
 def test_prefect_state_goes_beside_the_run_dir_not_into_the_working_directory(tmp_path):

@@ -8,39 +8,12 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-WEBRL = str(Path(sys.executable).parent / "webrl")
-SITE_VARS = ("SHOPPING", "SHOPPING_ADMIN", "REDDIT", "GITLAB", "MAP", "WIKIPEDIA", "HOMEPAGE")
-
-
-def webrl(*args: str, cwd: Path | None = None, input: str | None = None, timeout: int = 300,
-          **env: str) -> subprocess.CompletedProcess:
-    """A `webrl` process without the caller's site URLs (SHOPPING=..., WA_SHOPPING=...), plus ``env``."""
-    base = {k: v for k, v in os.environ.items() if k.removeprefix("WA_") not in SITE_VARS}
-    return subprocess.run([WEBRL, *args], cwd=cwd, env={**base, "WEBRL_TRACEBACK": "", "COLUMNS": "80", **env},
-                          capture_output=True, text=True, timeout=timeout,
-                          input=input, stdin=None if input is not None else subprocess.DEVNULL)
-
-
-def one_error(r: subprocess.CompletedProcess, code: int, *names: str, one_line: bool = True) -> str:
-    """The process failed with ``code`` and printed one `webrl: error:` message (one line unless told otherwise; no
-    traceback) naming ``names``."""
-    said = f"exit {r.returncode}\nstdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-3000:]}"
-    assert r.returncode == code, said
-    assert "Traceback" not in r.stderr and "╭" not in r.stderr, said
-    err = r.stderr.strip()
-    assert err.startswith("webrl: error: ") and err.count("webrl: error:") == 1, said
-    assert not one_line or len(err.splitlines()) == 1, said
-    for n in names:
-        assert n in err, f"{n!r} not named: {said}"
-    return err
+from test_cli_errors import one_error, webrl  # the error format and the process, as a user runs it
 
 
 @pytest.fixture(scope="module")

@@ -84,12 +84,18 @@ def local_setup(
     a ShareGPT file from oracle demonstrations, seed and test task files in WebArena-Lite format. Then:
     `webrl train --config webarena-local`."""
     from webrl_core.config import EmbeddedModelConfig, EnvConfig, env_site_urls
+    from webrl_core.errors import BadInput
     from webrl_core.pipeline.local_webarena import DEFAULT_DIR, prepare_local_inputs
+    from webrl_core.prompts import COMPATS
 
+    arches = EmbeddedModelConfig.model_fields["arch"].annotation.__args__
+    for flag, value, allowed in (("--arch", arch, arches), ("--compat", compat, COMPATS)):
+        if value not in allowed:
+            raise BadInput(f"{flag} {value!r}: allowed {', '.join(allowed)}")
     model = EmbeddedModelConfig(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2, vocab_size=2048,
                                 max_length=2048, arch=arch)  # head_dim 64: what vLLM's CPU attention takes
-    paths = prepare_local_inputs(out_dir or Path(DEFAULT_DIR), env_site_urls(), demo_tasks=demo_tasks, seed_tasks=seed_tasks,
-                                 model=model, env_cfg=EnvConfig(n_envs=n_envs, max_steps=10), compat=compat,
+    paths = prepare_local_inputs(out_dir or Path(DEFAULT_DIR), env_site_urls(), demo_tasks=demo_tasks,
+                                 seed_tasks=seed_tasks, model=model, env_cfg=EnvConfig(n_envs=n_envs, max_steps=10), compat=compat,
                                  data_seed=data_seed, seed=seed)
     for field, path in paths.items():
         typer.echo(f"{field:>11}: {path}")

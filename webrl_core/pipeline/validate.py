@@ -335,6 +335,13 @@ def check_real_path(settings: WebRLSettings, flow: str) -> None:
     if boot.sft_data and not models.actor:
         raise BadInputError("bootstrap.sft_data is set: models.actor must name the base model's HF folder to "
                             "fine-tune on it")
+    if boot.sft_data:  # read as the SFT stage will: a broken file fails now, not after the run dir is made
+        from webrl_core.learn.sft_data import DemonstrationError, read_demonstrations
+
+        try:
+            read_demonstrations(boot.sft_data, settings.prompt.compat)
+        except DemonstrationError as e:
+            raise type(e)(f"bootstrap.sft_data: {e}") from None
     if settings.bootstrap_from_checkpoints() and not models.orm and flow in ("bootstrap", "phase", "train"):
         raise BadInputError("a real model's phase 0 (bootstrap.sft_data / bootstrap.sft_actor) trains no ORM: "
                             "models.orm must name the ORM's HF folder")

@@ -83,9 +83,9 @@ def local_setup(
     SHOPPING, SHOPPING_ADMIN, GITLAB, REDDIT, MAP): an HF base model and ORM of a real architecture, the SFT data as
     a ShareGPT file from oracle demonstrations, seed and test task files in WebArena-Lite format. Then:
     `webrl train --config webarena-local`."""
-    from webrl_core.config import EmbeddedModelConfig, EnvConfig, env_site_urls
+    from webrl_core.config import LOCAL_INPUTS_DIR, EmbeddedModelConfig, EnvConfig, env_site_urls
     from webrl_core.errors import BadInput
-    from webrl_core.pipeline.local_webarena import DEFAULT_DIR, prepare_local_inputs
+    from webrl_core.pipeline.local_webarena import prepare_local_inputs
     from webrl_core.prompts import COMPATS
 
     arches = EmbeddedModelConfig.model_fields["arch"].annotation.__args__
@@ -94,7 +94,7 @@ def local_setup(
             raise BadInput(f"{flag} {value!r}: allowed {', '.join(allowed)}")
     model = EmbeddedModelConfig(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2, vocab_size=2048,
                                 max_length=2048, arch=arch)  # head_dim 64: what vLLM's CPU attention takes
-    paths = prepare_local_inputs(out_dir or Path(DEFAULT_DIR), env_site_urls(), demo_tasks=demo_tasks,
+    paths = prepare_local_inputs(out_dir or Path(LOCAL_INPUTS_DIR), env_site_urls(), demo_tasks=demo_tasks,
                                  seed_tasks=seed_tasks, model=model, env_cfg=EnvConfig(n_envs=n_envs, max_steps=10), compat=compat,
                                  data_seed=data_seed, seed=seed)
     for field, path in paths.items():

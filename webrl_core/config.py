@@ -849,10 +849,26 @@ def _allowed_for(loc: tuple, model: type[BaseModel] = None) -> str:
     return ", ".join(sorted(model.model_fields))
 
 
+LOCAL_INPUT_FILES = {"base_model": "base-model", "orm": "orm-model", "sft_data": "sft_demos.sharegpt.json",
+                     "seed_tasks": "seed_tasks.raw.json", "test_set": "test_tasks.raw.json"}
+"""What ``webrl webarena local-setup`` (``pipeline.local_webarena.prepare_local_inputs``) writes, by the config field
+it feeds (``configs/webarena-local.yaml``)."""
+LOCAL_INPUTS_DIR = "runs/webarena-local-inputs"
+"""Where ``webrl webarena local-setup`` writes them unless told otherwise (the paths webarena-local.yaml reads)."""
+
+
+def maker_command(path: str | Path) -> str | None:
+    """The command that writes a missing input ``path`` when it is one of ``LOCAL_INPUT_FILES`` (in the default
+    folder or another ``--dir``), else None: a config error then says how to make it."""
+    p = Path(path)
+    if p.name not in LOCAL_INPUT_FILES.values():
+        return None
+    where = "" if p.parent == Path(LOCAL_INPUTS_DIR) else f" --dir {p.parent}"
+    return f"webrl webarena local-setup{where}"
+
+
 def _missing_paths_error(errors: list[dict], source: str) -> ConfigPathMissing:
     """One line for configured paths that do not exist, with the command that writes them where one does."""
-    from webrl_core.pipeline.local_webarena import maker_command
-
     named = [f"{'.'.join(str(p) for p in e['loc'])}={e['ctx']['path']!r}" for e in errors]
     makers = sorted({m for e in errors if (m := maker_command(e["ctx"]["path"]))})
     how = f"; `{'`, `'.join(makers)}` writes them" if makers else ""

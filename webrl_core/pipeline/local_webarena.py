@@ -21,25 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from webrl_core.config import EmbeddedModelConfig
+from webrl_core.config import LOCAL_INPUT_FILES, EmbeddedModelConfig
 from webrl_core.learn.sft_data import episode_pairs, write_sharegpt
 from webrl_core.websites import SITES
-
-INPUT_FILES = {"base_model": "base-model", "orm": "orm-model", "sft_data": "sft_demos.sharegpt.json",
-               "seed_tasks": "seed_tasks.raw.json", "test_set": "test_tasks.raw.json"}
-"""What ``prepare_local_inputs`` writes, by the config field it feeds (``configs/webarena-local.yaml``)."""
-DEFAULT_DIR = "runs/webarena-local-inputs"
-"""Where ``webrl webarena local-setup`` writes them unless told otherwise (the paths webarena-local.yaml reads)."""
-
-
-def maker_command(path: str | Path) -> str | None:
-    """The command that writes a missing input ``path`` when it is one of ``INPUT_FILES`` (in the default folder or
-    another ``--dir``), else None: a config error then says how to make it."""
-    p = Path(path)
-    if p.name not in INPUT_FILES.values():
-        return None
-    where = "" if p.parent == Path(DEFAULT_DIR) else f" --dir {p.parent}"
-    return f"webrl webarena local-setup{where}"
 
 
 def as_webarena_lite(task: dict) -> dict:
@@ -96,7 +80,7 @@ def prepare_local_inputs(out_dir: str | Path, urls: dict[str, str], *, demo_task
     env_cfg = env_cfg or EnvConfig()
     model = model or EmbeddedModelConfig(hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2,
                                          vocab_size=2048, max_length=2048)
-    paths = {k: str((out / v).resolve()) for k, v in INPUT_FILES.items()}
+    paths = {k: str((out / v).resolve()) for k, v in LOCAL_INPUT_FILES.items()}
 
     demos = train_tasks(demo_tasks, seed=seed * 1000 + 11, data_seed=data_seed)
     seeds = train_tasks(seed_tasks, seed=seed * 1000 + 12, data_seed=data_seed)

@@ -45,6 +45,9 @@ def test_sign_test_values():
     assert C.sign_test(0, 0) == 1.0
     assert C.sign_test(0, 3) == pytest.approx(0.25)
     assert C.sign_test(8, 2) == pytest.approx(2 * (1 + 10 + 45) / 1024)
+    assert C.sign_test(2, 8) == C.sign_test(8, 2) and isinstance(C.sign_test(2, 8), float)  # two-sided
+    assert C.sign_test(5, 5) == 1.0 and C.sign_test(1, 0) == 1.0  # never above 1
+    assert C.sign_test(0, 20) == pytest.approx(2 / 2 ** 20)
 
 
 def test_bad_references_name_the_file(tmp_path):

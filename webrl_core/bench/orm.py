@@ -78,13 +78,14 @@ def nested_balanced(episodes: list[dict], sizes: list[int], seed: int) -> list[l
 
 
 def roc_auc(scores: list[float], labels: list[bool]) -> float:
-    """P(a success scores above a failure), ties counting one half; NaN with only one class."""
-    pos = [s for s, y in zip(scores, labels) if y]
-    neg = [s for s, y in zip(scores, labels) if not y]
-    if not pos or not neg:
+    """P(a success scores above a failure), ties counting one half (scikit-learn's ROC AUC); NaN with only one
+    class."""
+    y = [bool(v) for v in labels]
+    if all(y) or not any(y):
         return float("nan")
-    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
-    return wins / (len(pos) * len(neg))
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(y, scores))
 
 
 def agreement(p_yes: list[float], labels: list[bool], threshold: float) -> dict:

@@ -7,7 +7,8 @@ of ``helper_functions.py``: ``llm_fuzzy_match``, ``llm_ua_match``). Like ``Evalu
 * string_match -- the prediction is the final answer of the STOP action, cleaned (surrounding whitespace and one pair
   of surrounding quotes stripped, lowercased). ``exact_match``: equality. ``must_include``: every item must hit; an item
   may hold alternatives separated by " |OR| " and any one may hit; a reference that is a single word token is checked
-  by token membership in the word-tokenized prediction (tokens holding "/" are also split), otherwise by substring.
+  by token membership in the prediction tokenized by NLTK's ``word_tokenize`` (tokens holding "/" are also split),
+  otherwise by substring.
   ``fuzzy_match``: a list is joined with ", " and graded by one LLM judge call (correct -> 1; incorrect or partially
   correct -> 0); the literal "N/A" is first tested by exact match, then the reported reason is compared with
   ``string_note`` by the judge ("same" -> 1). ``must_exclude``, ``required_values`` and ``one_of`` follow VAB too.
@@ -34,10 +35,11 @@ overwrites the checks before it); a judge reply without a verdict word is a ``Ju
 from __future__ import annotations
 
 import ast
+import functools
 import html as html_lib
+import importlib.util
 import inspect
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlparse
@@ -62,18 +64,51 @@ def clean_answer(text: str) -> str:
     return text.lower()
 
 
-# An approximation of NLTK's (Treebank) word_tokenize, which we do not depend on: words keep inner "." "," ":" "/"
-# "-" "'" "&" "@" joins (3.5, 1,000, 12:30, a/b, e-mail), "n't" and "'s"-style clitics are separate tokens, and every
-# other punctuation mark is its own token.
-_CLITIC_NT = re.compile(r"(?i)(\w)(n't)\b")
-_CLITIC_S = re.compile(r"(?i)(\w)('(?:s|m|d|ll|re|ve))\b")
-_TOKEN = re.compile(r"n't|'(?:s|m|d|ll|re|ve)\b|\w+(?:[.,:/'\-&@]\w+)*|\.\.\.|[^\w\s]", re.IGNORECASE)
+# NLTK's word_tokenize, as VAB's StringEvaluator calls it: punkt sentence splitting (NLTK's English punkt_tab model),
+# then the Treebank word tokenizer on each sentence. The punkt_tab data is never downloaded: the llama-index-core wheel
+# ships NLTK's punkt_tab folder, installed for its data only (infra/setup.sh: --no-deps, copied, not hard-linked from
+# the installer's cache, as NLTK refuses to open a data file with several links); its folder goes first on
+# nltk.data.path. nltk is imported on first use: the import takes seconds (it pulls in scipy.stats and sklearn).
+NLTK_DATA_PACKAGE = "llama-index-core"
+NLTK_DATA_FOLDER = ("llama_index", "core", "_static", "nltk_cache")  # where that wheel puts NLTK's data
+
+
+def nltk_data_dir() -> str | None:
+    """The NLTK data folder shipped by :data:`NLTK_DATA_PACKAGE`, or None where that package is not installed.
+    Found on the import path without importing anything (``llama_index`` is a namespace package)."""
+    spec = importlib.util.find_spec(NLTK_DATA_FOLDER[0])
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        folder = os.path.join(base, *NLTK_DATA_FOLDER[1:])
+        if os.path.isdir(folder):
+            return folder
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _nltk_word_tokenize() -> Callable[[str], list[str]]:
+    import nltk
+    from nltk.tokenize import word_tokenize as nltk_word_tokenize
+    from nltk.tokenize.punkt import PunktTokenizer
+
+    folder = nltk_data_dir()
+    if folder is not None and folder not in nltk.data.path:
+        nltk.data.path.insert(0, folder)
+    fix = (f"install it with `uv pip install --no-deps --link-mode=copy {NLTK_DATA_PACKAGE}` at the version "
+           f"infra/setup.sh pins (setup.sh does); webrl never downloads it")
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+        PunktTokenizer("english")  # reads the model files now: a bad install fails here, with the fix named
+    except LookupError:
+        raise LookupError(f"NLTK's punkt_tab data (tokenizers/punkt_tab/english) is not on nltk.data.path "
+                          f"{nltk.data.path}: {fix}") from None
+    except OSError as e:  # NLTK refuses a data file with several links (PermissionError), or one is unreadable
+        raise LookupError(f"NLTK could not read its punkt_tab data ({e}); {fix}") from None
+    return nltk_word_tokenize
 
 
 def word_tokenize(text: str) -> list[str]:
-    text = _CLITIC_NT.sub(r"\1 \2", text)
-    text = _CLITIC_S.sub(r"\1 \2", text)
-    return _TOKEN.findall(text)
+    """NLTK's ``nltk.tokenize.word_tokenize(text)`` (English), the tokenizer of VAB's ``must_include``."""
+    return _nltk_word_tokenize()(text)
 
 
 def _pred_tokens(pred: str) -> set[str]:

@@ -215,7 +215,7 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
     trainer = SelectedLogitsSFTTrainer(model=model, args=args,
                                        train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
                                        processing_class=tok, callbacks=progress_callbacks("orm"))
-    fit(trainer)
+    fit(trainer, "orm", cfg)  # the ORM's step is its batch_size; its micro-batch is measured
     model = trainer.model
     model.eval()
     out = save_model(model, tok, out_dir)  # under accelerate: a saver that writes from the main process only
@@ -234,14 +234,17 @@ def evaluate_orm(scorer: OrmScorer, examples: Sequence[dict]) -> dict:
 
 def decision_agreement(decisions: Sequence[bool], truth: Sequence[bool]) -> dict:
     """Confusion counts of the ORM's decisions (positive = YES) against the labels, accuracy (NaN without items),
-    precision and recall of YES (0 where nothing was said or nothing was true)."""
-    tp = sum(bool(d and t) for d, t in zip(decisions, truth))
-    fp = sum(bool(d and not t) for d, t in zip(decisions, truth))
-    fn = sum(bool(t and not d) for d, t in zip(decisions, truth))
+    precision and recall of YES (0 where nothing was said or nothing was true). The numbers are scikit-learn's."""
     n = len(truth)
-    return {"n": n, "tp": tp, "fp": fp, "fn": fn, "tn": n - tp - fp - fn,
-            "accuracy": (n - fp - fn) / n if n else float("nan"),
-            "precision": tp / (tp + fp) if tp + fp else 0.0, "recall": tp / (tp + fn) if tp + fn else 0.0}
+    if not n:  # scikit-learn refuses empty input
+        return {"n": 0, "tp": 0, "fp": 0, "fn": 0, "tn": 0, "accuracy": float("nan"), "precision": 0.0, "recall": 0.0}
+    from sklearn.metrics import accuracy_score, confusion_matrix, precision_score, recall_score
+
+    y_true, y_pred = [bool(t) for t in truth], [bool(d) for d in decisions]
+    tn, fp, fn, tp = (int(c) for c in confusion_matrix(y_true, y_pred, labels=[False, True]).ravel())
+    return {"n": n, "tp": tp, "fp": fp, "fn": fn, "tn": tn, "accuracy": float(accuracy_score(y_true, y_pred)),
+            "precision": float(precision_score(y_true, y_pred, pos_label=True, zero_division=0.0)),
+            "recall": float(recall_score(y_true, y_pred, pos_label=True, zero_division=0.0))}
 
 
 @torch.no_grad()

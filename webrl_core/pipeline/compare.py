@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from math import comb
 from pathlib import Path
 
 from webrl_core.env.actions import Action
@@ -61,10 +60,14 @@ class PairedComparison:
 
 
 def sign_test(lost: int, gained: int) -> float:
-    """Two-sided exact sign test of ``lost`` against ``gained`` discordant pairs (1.0 when there are none)."""
+    """Two-sided exact sign test of ``lost`` against ``gained`` discordant pairs (scipy's binomial test at p = 0.5;
+    1.0 when there are none)."""
     n = lost + gained
-    tail = sum(comb(n, k) for k in range(min(lost, gained) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+    if not n:
+        return 1.0
+    from scipy.stats import binomtest  # scipy.stats takes a second or two to import: only when a comparison asks
+
+    return float(binomtest(gained, n, p=0.5, alternative="two-sided").pvalue)
 
 
 def run_dir_of(eval_file: Path) -> Path:

@@ -12,7 +12,11 @@ def register(app: typer.Typer) -> None:
                     html_chars: str = typer.Option("800,6000", help="min,max characters of synthetic HTML per step"),
                     seed: int = typer.Option(0, min=0, help="seed of the synthetic steps and the model"),
                     threads: int = typer.Option(0, min=0, help="torch threads (0: torch's default)"),
-                    out: str = typer.Option(None, help="write the numbers as JSON to this file")):
+                    out: str = typer.Option(None, help="write the numbers as JSON to this file"),
+                    profile: bool = typer.Option(False, help="--model: run each stage under torch.profiler and print "
+                                                 "where its time goes (matmul, attention, conversion and copies, "
+                                                 "elementwise, optimizer, Python) and its distance from the box's "
+                                                 "limit (webrl_core/bench/op_profile.py)")):
         """Perplexity (1/PPL of the action) and ORM P(YES) scoring: batched vs the official one-at-a-time method,
         same embedded tiny Llama and the same steps, in one process."""
         from webrl_core.bench.score import run
@@ -36,7 +40,11 @@ def register(app: typer.Typer) -> None:
                     micro_batch_size: int = typer.Option(0, min=0, help="our samples per forward pass (0: the default, 1 on CPU)"),
                     seed: int = typer.Option(0, min=0, help="seed of the synthetic data and the model"),
                     threads: int = typer.Option(0, min=0, help="torch threads (0: torch's default)"),
-                    out: str = typer.Option(None, help="write the numbers as JSON to this file")):
+                    out: str = typer.Option(None, help="write the numbers as JSON to this file"),
+                    profile: bool = typer.Option(False, help="--model: run each stage under torch.profiler and print "
+                                                 "where its time goes (matmul, attention, conversion and copies, "
+                                                 "elementwise, optimizer, Python) and its distance from the box's "
+                                                 "limit (webrl_core/bench/op_profile.py)")):
         """Training throughput. With --model: SFT, critic and actor stages on that model, tokens/s and share of the
         matmul peak (in the run's dtype) measured in the same run, peak RSS per stage; last line
         `tokens/s=<n> peak=<p>%`. Without: the WebRL actor stage, our precompute + batched epoch vs the official
@@ -46,7 +54,7 @@ def register(app: typer.Typer) -> None:
             from webrl_core.bench.train_model import run as run_model
 
             run_model(model, config, sets=set_, episodes=episodes or 8, steps=steps or 2, html_chars=chars,
-                      official=official, seed=seed, threads=threads, out=out)
+                      official=official, seed=seed, threads=threads, out=out, profile=profile)
             return
         from webrl_core.bench.train import run as run_train
         run_train(episodes=episodes or 16, steps=steps or 4, html_chars=chars,

@@ -245,3 +245,29 @@ def test_parameter_counts_of_the_8b_models():
     assert rows["actor", "mixed"]["states_bytes"] == 18 * c.causal_lm
     assert rows["actor", "LoRA"]["states_bytes"] == 2 * c.causal_lm + 18 * c.lora
     assert rows["critic", "LoRA"]["states_bytes"] == 2 * c.backbone + 18 * (c.lora + c.critic_heads)
+
+
+def test_frozen_layers_live_in_the_compute_dtype_and_the_trained_ones_in_float32(bf16_llama, tmp_path):
+    """models.train_layers with models.dtype bfloat16: the frozen lower layer, the embeddings and the LM head are
+    stored in bf16 (autocast would cast them from float32 in every micro-batch otherwise), the trained top layer and
+    the final norm keep float32 masters, for the actor and the critic alike; the SFT still moves the trained
+    weights at lr 1e-6 and saves them in float32."""
+    settings = _settings("models.train_layers=1")
+    model = load_causal_lm(bf16_llama, settings.models, trainable=True)
+    for name, p in model.named_parameters():
+        assert p.dtype == (torch.float32 if p.requires_grad else torch.bfloat16), name
+    assert any(p.requires_grad for p in model.parameters()) and not all(p.requires_grad for p in model.parameters())
+    critic = Critic.from_backbone(bf16_llama, dtype=models.training_dtype(settings.models), device="cpu")
+    critic.for_training(settings.models)
+    for name, p in critic.named_parameters():
+        assert p.dtype == (torch.float32 if p.requires_grad else torch.bfloat16), name
+    assert any(p.requires_grad for p in critic.backbone.parameters())
+    start = _weights(bf16_llama)
+    stats = launch.sft_train(_pairs(), bf16_llama, tmp_path / "top", settings, max_steps=STEPS, training=INPROCESS)
+    assert 0 < stats["trainable_params"] < stats["total_params"]
+    after = _weights(tmp_path / "top")
+    top = [k for k in after if ".layers.1." in k and k.endswith("proj.weight")]
+    assert top and all(after[k].dtype == torch.float32 for k in top)
+    assert all(after[k].dtype == torch.bfloat16 for k in after if ".layers.0." in k)
+    assert all(torch.equal(after[k].float(), start[k].float()) for k in after if ".layers.0." in k)  # frozen
+    assert sum(int((after[k].float() != start[k].float()).sum()) for k in top) > 0  # trained at lr 1e-6

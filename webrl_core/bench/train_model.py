@@ -31,8 +31,10 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from webrl_core.bench.op_profile import KINDS, copy_bandwidth, limit_seconds, profiled, unavoidable_bytes
 from webrl_core.bench.train import matmul_peak_flops, official_stage, synthetic_trajectories
 from webrl_core.config import load_config
+from webrl_core.hardware import device_summary
 from webrl_core.learn.models import encode_prompt_action, load_tokenizer, torch_dtype
 from webrl_core.learn.training import sft_train, train_actor, train_critic
 from webrl_core.learn.transitions import build_transitions
@@ -67,7 +69,9 @@ def _flops(tokens: float, tokens_sq: float, n: int, n_t: int, layers: int, layer
 
 def run(model: str, config: str = "demo", sets: list[str] | None = None, episodes: int = 8, steps: int = 2,
         html_chars: tuple[int, int] = (1500, 4000), official: bool = True, seed: int = 0, threads: int = 0,
-        out: str | None = None) -> dict:
+        out: str | None = None, profile: bool = False) -> dict:
+    """The stages' rows; with ``profile`` each stage also runs under the CPU profiler and reports where its time
+    goes and its distance from the box's limit (``bench.op_profile``)."""
     console = Console()
     if threads:
         torch.set_num_threads(threads)
@@ -83,6 +87,9 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
     L, d = shape["layers"], shape["hidden"]
     L_t = min(m.train_layers, L) if m.train_layers else L
     pair_lens = [len(encode_prompt_action(tok, p, a, m.max_length)["input_ids"]) for p, a in pairs]
+    cpu = device_summary(device)
+    bandwidth = copy_bandwidth()
+    console.print(f"{cpu}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)")
     console.print(f"model {folder}: {L} layers, hidden {d}, training the top {L_t}; {m.dtype} ({m.dtype_why}); "
                   f"{len(samples)} samples, median {sorted(pair_lens)[len(pair_lens) // 2]} tokens; "
                   f"{m.dtype} matmul peak {peak / 1e9:.1f} GFLOP/s on {device}, {torch.get_num_threads()} threads")
@@ -93,7 +100,11 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
         def stage(name: str, fn):
             reset_peak_rss()
             t0 = time.perf_counter()
-            stats = fn()
+            if profile:
+                stats, split, _ = profiled(fn)
+                stats["split_s"] = split
+            else:
+                stats = fn()
             row = {"stage": name, "wall_s": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb(), **stats}
             console.print(f"  {name}: {row['tokens']} tokens in {row['seconds']:.1f}s = "
                           f"{row['tokens'] / row['seconds']:.0f} tokens/s, peak RSS {row['peak_rss_mb']:.0f} MB")
@@ -107,13 +118,13 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
         def sft():
             st = sft_train(pairs, folder, tmp / "sft", settings, epochs=1)
             n, n_t = counts(st)
-            return {"tokens": st["tokens"], "seconds": st["train_s"],
+            return {"tokens": st["tokens"], "seconds": st["train_s"], "steps": st["steps"], "params": (n, n_t),
                     "flops": _flops(sum(pair_lens), sum(t * t for t in pair_lens), n, n_t, L, L_t, d, train=True)}
 
         def critic():
             st = train_critic(samples, folder, tmp / "critic", settings)
             n, n_t = counts(st)  # its two small heads are counted as backbone parameters: a rounding error
-            return {"tokens": st["tokens"], "seconds": st["train_s"],
+            return {"tokens": st["tokens"], "seconds": st["train_s"], "steps": st["steps"], "params": (n, n_t),
                     "flops": _flops(st["tokens"], st["tokens_sq"], n, n_t, L, L_t, d, train=True)}
 
         def actor():
@@ -125,6 +136,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
             flops = (st["epochs"] * _flops(st["tokens"], st["tokens_sq"], n, n_t, L, L_t, d, train=True)
                      + _flops(st["tokens"], st["tokens_sq"], n, n_t, L, L_t, d, train=False))
             return {"tokens": int(st["epochs"] * st["tokens"]), "seconds": secs, "flops": flops,
+                    "steps": st["steps"], "params": (n, n_t),
                     "critic_s": st["critic_s"], "ref_s": st["ref_s"], "train_s": st["train_s"]}
 
         stage("sft", sft)
@@ -132,8 +144,8 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
         ours = stage("actor", actor)
         # re-measured after the stages: the best rate is the peak
         peak = max(peak, matmul_peak_flops(rounds=5, dtype=torch_dtype(m.dtype), device=device))
-        result = {"model": folder, "dtype": m.dtype, "device": device, "peak_flops": peak, "layers": L,
-                  "trained_layers": L_t, "samples": len(samples)}
+        result = {"model": folder, "cpu": cpu, "dtype": m.dtype, "device": device, "peak_flops": peak,
+                  "copy_bytes_per_s": bandwidth, "layers": L, "trained_layers": L_t, "samples": len(samples)}
         if official:
             reset_peak_rss()
             off = official_stage(samples, Path(folder), tmp / "critic", settings, settings.actor.lr)
@@ -141,19 +153,32 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
             result["ratio_actor"] = off["wall_s"] / ours["seconds"]
             console.print(f"  official per-sample actor stage: {off['wall_s']:.1f}s, peak RSS {peak_rss_mb():.0f} MB;"
                           f" ours {ours['seconds']:.1f}s -> {result['ratio_actor']:.2f}x")
+    compute_bytes = torch.tensor([], dtype=torch_dtype(m.dtype)).element_size()
     for r in rows:
         r["tokens_per_s"] = r["tokens"] / r["seconds"]
         r["peak_share"] = r["flops"] / r["seconds"] / peak
+        r |= limit_seconds(r["flops"], peak, unavoidable_bytes(*r["params"], compute_bytes, r["steps"]), bandwidth)
+        r["limit_share"] = r["limit_s"] / r["seconds"]
     tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
     result |= {"stages": rows, "tokens_per_s": tokens / seconds,
                "peak_share": sum(r["flops"] for r in rows) / seconds / peak}
     t = Table(title=f"training stages on {Path(folder).name} ({m.dtype}, {device}, peak {peak / 1e9:.0f} GFLOP/s)")
-    for col in ("stage", "tokens", "seconds", "tokens/s", "share of peak", "peak RSS MB"):
+    for col in ("stage", "tokens", "seconds", "tokens/s", "share of peak", "limit (bound)", "share of limit",
+                "peak RSS MB"):
         t.add_column(col, justify="left" if col == "stage" else "right")
     for r in rows:
         t.add_row(r["stage"], str(r["tokens"]), f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.0f}",
-                  f"{r['peak_share']:.0%}", f"{r['peak_rss_mb']:.0f}")
+                  f"{r['peak_share']:.0%}", f"{r['limit_s']:.1f}s ({r['bound']})", f"{r['limit_share']:.0%}",
+                  f"{r['peak_rss_mb']:.0f}")
     console.print(t)
+    if profile:
+        split = Table(title=f"where the time goes (seconds under the profiler; {cpu})")
+        for col in ("stage", *KINDS):
+            split.add_column(col, justify="left" if col == "stage" else "right")
+        for r in rows:
+            total = sum(r["split_s"].values())
+            split.add_row(r["stage"], *[f"{r['split_s'][k]:.1f} ({r['split_s'][k] / total:.0%})" for k in KINDS])
+        console.print(split)
     if out:
         Path(out).write_text(json.dumps(result, indent=2, default=str))
     print(f"tokens/s={result['tokens_per_s']:.0f} peak={100 * result['peak_share']:.0f}%")

@@ -47,9 +47,9 @@ import torch.nn.functional as F
 from rich.progress import track
 from torch import nn
 
-from webrl_core.learn.models import (apply_lora, count_parameters, enable_checkpointing, encode_prompt,
-                               from_pretrained, left_pad, load_tokenizer, resolve_device, torch_dtype,
-                               train_top_layers, upcast_trainable)
+from webrl_core.learn.models import (apply_lora, count_parameters, downcast_frozen, enable_checkpointing,
+                               encode_prompt, from_pretrained, left_pad, load_tokenizer, resolve_device,
+                               torch_dtype, train_top_layers, upcast_trainable)
 
 CRITIC_JSON = "critic.json"
 HEADS_FILE = "heads.safetensors"
@@ -156,7 +156,7 @@ class Critic(nn.Module):
             self.backbone.requires_grad_(True)
         self.head1.float().requires_grad_(True)
         self.head2.float().requires_grad_(True)
-        upcast_trainable(self)
+        downcast_frozen(upcast_trainable(self), torch_dtype(models_cfg.dtype))
         return self.train()
 
     def parameter_counts(self) -> dict[str, int]:

@@ -80,6 +80,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 from transformers.trainer_callback import PrinterCallback
 
 from webrl_core.learn import advantage as adv_mod
+from webrl_core.learn import micro_batch
 from webrl_core.config import ActorTrainConfig
 from webrl_core.logs import is_verbose
 from webrl_core.runs import loss_history
@@ -175,11 +176,16 @@ def progress_callbacks(name: str) -> list:
     return [TrainProgress(name)]
 
 
-def fit(trainer: Trainer):
+def fit(trainer: Trainer, stage: str | None = None, section=None):
     """``trainer.train()``; the progress display is stopped even when training raises. Without ``--verbose`` the
-    Trainer's printed log dicts (``PrinterCallback``, added by ``disable_tqdm=True``) are dropped."""
+    Trainer's printed log dicts (``PrinterCallback``, added by ``disable_tqdm=True``) are dropped. ``stage`` and its
+    config ``section`` (``batch_size``, ``grad_accum``, ``micro_batch_size``): where the section leaves the micro-batch
+    empty and the stage trains in one CPU process, it is measured first (``micro_batch.calibrate``)."""
     if not is_verbose():
         trainer.remove_callback(PrinterCallback)
+    if (stage and micro_batch.enabled() and getattr(section, "micro_batch_size", None) is None
+            and trainer.args.device.type == "cpu" and trainer.args.world_size == 1 and len(trainer.train_dataset)):
+        micro_batch.calibrate(trainer, stage, section.batch_size, getattr(section, "grad_accum", 1))
     try:
         return trainer.train()
     finally:
@@ -208,9 +214,9 @@ def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_
 
 def _micro_batches(section, name: str, models_device: str) -> tuple[int, int]:
     """(items per forward pass, accumulation steps) for ``batch_size`` x ``grad_accum`` items per optimizer step of
-    a config section. On CPU the default micro-batch is 1: padded batches of mixed lengths cost more than they save
-    there (``webrl bench train``; SmolLM2's critic at batch 8 held 8.6 GB and ran 133 vs 227 tokens/s, ``webrl bench
-    train --model``); on an accelerator the whole batch goes in one pass."""
+    a config section. On CPU the micro-batch the Trainer starts from is 1 (on an AVX2 box padded batches of mixed
+    lengths cost more than they save: ``webrl bench train``), and ``fit`` then measures the fastest one on the box
+    (``micro_batch.calibrate``); on an accelerator the whole batch goes in one pass."""
     micro = section.micro_batch_size or (1 if resolve_device(models_device).type == "cpu" else section.batch_size)
     if section.batch_size % micro:
         raise ValueError(f"{name}.micro_batch_size={micro} must divide {name}.batch_size={section.batch_size}")
@@ -588,7 +594,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
                            data_collator=ActorCollator(tok.pad_token_id), callbacks=progress_callbacks("actor"))
     t2 = time.perf_counter()
-    result = fit(trainer)
+    result = fit(trainer, "actor", settings.actor)
     t_train = time.perf_counter() - t2
     full = _full_model(trainer, lambda: load_causal_lm(actor_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))
@@ -680,7 +686,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
                             data_collator=CriticCollator(critic.tokenizer.pad_token_id),
                             callbacks=progress_callbacks("critic"))
     t0 = time.perf_counter()
-    result = fit(trainer)
+    result = fit(trainer, "critic", settings.critic)
     train_s = time.perf_counter() - t0
 
     full = _full_model(trainer, lambda: build("cpu"))
@@ -738,7 +744,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
                                        processing_class=tok,
                                        callbacks=progress_callbacks("sft") + list(callbacks or []))
     t0 = time.perf_counter()
-    result = fit(trainer)
+    result = fit(trainer, "sft", settings.actor)
     train_s = time.perf_counter() - t0
     full = _full_model(trainer, lambda: load_causal_lm(model_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))

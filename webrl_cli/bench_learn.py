@@ -12,11 +12,7 @@ def register(app: typer.Typer) -> None:
                     html_chars: str = typer.Option("800,6000", help="min,max characters of synthetic HTML per step"),
                     seed: int = typer.Option(0, min=0, help="seed of the synthetic steps and the model"),
                     threads: int = typer.Option(0, min=0, help="torch threads (0: torch's default)"),
-                    out: str = typer.Option(None, help="write the numbers as JSON to this file"),
-                    profile: bool = typer.Option(False, help="--model: run each stage under torch.profiler and print "
-                                                 "where its time goes (matmul, attention, conversion and copies, "
-                                                 "elementwise, optimizer, Python) and its distance from the box's "
-                                                 "limit (webrl_core/bench/op_profile.py)")):
+                    out: str = typer.Option(None, help="write the numbers as JSON to this file")):
         """Perplexity (1/PPL of the action) and ORM P(YES) scoring: batched vs the official one-at-a-time method,
         same embedded tiny Llama and the same steps, in one process."""
         from webrl_core.bench.score import run

@@ -44,9 +44,9 @@ def _load(config: str, set_: list[str], flow: str | None = None, run_dir: str | 
         from webrl_core.runs.rundir import run_dir_of
 
         rd = str(run_dir_of(s, run_dir))
-        warnings = validate.preflight(s, rd, model=model, phase=phase, flow=flow)  # first: names a bad --run-dir
-        runlock.check_free(rd, f"webrl-{flow}", phase)  # another flow runs there: say so
-        for warning in warnings:
+        validate.check_writable(rd)  # a --run-dir under a file is named before the lock file is opened there
+        runlock.check_free(rd, f"webrl-{flow}", phase)  # another flow runs there: say so, before what it lacks yet
+        for warning in validate.preflight(s, rd, model=model, phase=phase, flow=flow):
             typer.echo(f"warning: {warning}", err=True)
         prefect_env(Path(rd).parent)
     return s

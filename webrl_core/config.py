@@ -228,7 +228,8 @@ class ModelsConfig(Section):
     critic: str | None = Field(None, description="folder of a trained critic to resume; empty: init from the actor")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="compute dtype: auto = bfloat16 on a CPU with amx_bf16/avx512_bf16 or a bf16 GPU, else "
-        "float32 (float16 on an old GPU); training keeps float32 master weights under autocast")
+        "float32 (float16 on an old GPU); training keeps float32 master weights of the trained parameters under "
+        "autocast, the frozen ones in this dtype")
     dtype_reason: str = Field("", description="why models.dtype is what it is (filled in when auto is resolved)")
     device: str = Field("auto", description="'auto', 'cpu', 'cuda', 'cuda:0', ...")
     gradient_checkpointing: bool = Field(False, description="recompute activations to save memory")
@@ -373,7 +374,8 @@ class CriticConfig(MicroBatched):
     batch_size: int = Field(8, ge=1, description="prompts per critic optimizer step (x grad_accum)")
     micro_batch_size: int | None = Field(
         None, ge=1, description="prompts per forward pass (must divide batch_size; accumulation makes up the rest, "
-        "the step is the same). None: 1 on CPU, else batch_size")
+        "the step is the same). None: on a CPU the fastest divisor, measured on the box and kept per shape "
+        "(learn/micro_batch.py), else batch_size")
     head_init_std: float | None = Field(0.2, gt=0, description="std of the first two head Linears (official 0.2; ~1/sqrt(h) is calmer; null: PyTorch default)")
     max_grad_norm: float = Field(1.0, gt=0, description="critic gradient clipping (paper: 1.0)")
     grad_accum: int = Field(1, ge=1, description="critic gradient accumulation steps")
@@ -442,7 +444,8 @@ class ActorTrainConfig(MicroBatched):
     grad_accum: int = Field(1, ge=1, description="gradient accumulation steps")
     micro_batch_size: int | None = Field(
         None, ge=1, description="samples per forward pass (must divide batch_size; accumulation makes up the rest). "
-        "None: 1 on CPU, where padding costs more than batching saves (`webrl bench train`), else batch_size")
+        "None: on a CPU the fastest divisor, measured on the box and kept per shape (learn/micro_batch.py: 1 on an "
+        "AVX2 box, where padding costs more than batching saves), else batch_size")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping (paper: 1.0; also the bootstrap SFT's)")
 
 

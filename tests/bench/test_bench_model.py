@@ -8,6 +8,7 @@ import pytest
 from typer.testing import CliRunner
 
 from webrl_cli.main import app
+from webrl_core.bench import op_profile as P
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
@@ -27,7 +28,7 @@ def test_bench_train_model_measures_every_stage_against_the_peak(tiny_folder, tm
     out = tmp_path / "train.json"
     res = CliRunner().invoke(app, ["bench", "train", "--model", str(tiny_folder), "--config", "smoke",
                                    "--episodes", "2", "--steps", "2", "--html-chars", "200,400",
-                                   "--set", "models.max_length=512", "--out", str(out)])
+                                   "--set", "models.max_length=512", "--profile", "--out", str(out)])
     assert res.exit_code == 0, res.output
     last = res.output.strip().splitlines()[-1]
     m = re.fullmatch(r"tokens/s=(\d+) peak=(\d+)%", last)
@@ -36,6 +37,9 @@ def test_bench_train_model_measures_every_stage_against_the_peak(tiny_folder, tm
     assert [s["stage"] for s in r["stages"]] == ["sft", "critic", "actor"]
     for s in r["stages"]:
         assert s["tokens"] > 0 and s["seconds"] > 0 and 0 < s["peak_share"] < 1.5 and s["peak_rss_mb"] > 0
+        assert set(s["split_s"]) == set(P.KINDS) and s["split_s"]["matmul"] > 0  # where the time went
+        assert s["limit_s"] == max(s["compute_s"], s["memory_s"]) > 0 and 0 < s["limit_share"] < 1.5
+    assert r["cpu"] and r["copy_bytes_per_s"] > 1e8
     assert r["peak_flops"] > 1e9 and r["official_actor_s"] > 0 and r["ratio_actor"] > 0
     assert int(m.group(1)) == round(r["tokens_per_s"])
 

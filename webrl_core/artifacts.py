@@ -44,9 +44,23 @@ def _folder_files(p: Path) -> dict[str, list[int]]:
     return out
 
 
+def user_cache_dir() -> Path:
+    """``~/.cache/webrl`` (``$XDG_CACHE_HOME/webrl`` when set): what webrl keeps per machine, outside every run dir
+    (checkpoint manifests of read-only folders, transformers' architecture tables, measured micro-batches)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "webrl"
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write ``path`` atomically: a temporary file of this process beside it, then a rename, so concurrent writers
+    and readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _cache_manifest_path(p: Path) -> Path:
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "webrl" / "manifests"
-    return root / (hashlib.sha256(str(p).encode()).hexdigest()[:32] + ".json")
+    return user_cache_dir() / "manifests" / (hashlib.sha256(str(p).encode()).hexdigest()[:32] + ".json")
 
 
 def _read_manifest(p: Path, files: dict[str, list[int]]) -> str | None:
@@ -64,10 +78,7 @@ def _write_manifest(p: Path, files: dict[str, list[int]], digest: str) -> None:
     blob = json.dumps({"version": MANIFEST_VERSION, "sha256": digest, "files": files}, indent=1, sort_keys=True)
     for m in (p / MANIFEST, _cache_manifest_path(p)):
         try:
-            m.parent.mkdir(parents=True, exist_ok=True)
-            tmp = m.with_name(f".{m.name}.{os.getpid()}.tmp")
-            tmp.write_text(blob)
-            os.replace(tmp, m)
+            replace_text(m, blob)
             return
         except OSError:  # read-only folder: keep the manifest in the user's cache instead
             continue

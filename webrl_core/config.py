@@ -359,16 +359,20 @@ class MicroBatched(Section):
     """A training section whose optimizer step of ``batch_size`` items runs in forward passes of
     ``micro_batch_size``."""
 
+    SECTION: ClassVar[str]
+
     @model_validator(mode="after")
     def _micro_divides_batch(self):
         if self.micro_batch_size and self.batch_size % self.micro_batch_size:
-            name = "critic" if isinstance(self, CriticConfig) else "actor"
+            name = self.SECTION
             raise ValueError(f"{name}.micro_batch_size={self.micro_batch_size} must divide {name}.batch_size="
                              f"{self.batch_size} (accumulation makes up the rest of the step)")
         return self
 
 
 class CriticConfig(MicroBatched):
+    SECTION: ClassVar[str] = "critic"
+
     lr: float = Field(3e-4, gt=0, description="critic learning rate (1e-6 for 8B models in the paper)")
     epochs: float = Field(1.0, gt=0, description="critic epochs per phase (paper: 1)")
     batch_size: int = Field(8, ge=1, description="prompts per critic optimizer step (x grad_accum)")
@@ -417,6 +421,7 @@ class ActorTrainConfig(MicroBatched):
     Trainer's arguments) takes its loss fields, with their types, defaults and help, from ``LOSS_FIELDS`` below,
     and its optimisation arguments from the rest (``WebRLConfig.from_settings``)."""
 
+    SECTION: ClassVar[str] = "actor"
     LOSS_FIELDS: ClassVar[tuple[str, ...]] = ("loss", "kl", "beta", "beta_low", "beta_high", "lam", "margin",
                                               "paper_logratio", "count_norm")
 

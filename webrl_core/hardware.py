@@ -13,9 +13,9 @@ chosen dtype.
 from __future__ import annotations
 
 import functools
-import os
 import importlib.metadata
 import importlib.util
+import os
 from pathlib import Path
 
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")

@@ -15,7 +15,6 @@ import os
 import shutil
 from pathlib import Path
 
-
 from webrl_core.artifacts import ArtifactRef, read_json, sha256_path
 from webrl_core.config import load_config
 from webrl_core.errors import BadInput, MissingInput

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from webrl_core.artifacts import replace_text, user_cache_dir
+
 CALIBRATE_ENV = "WEBRL_CALIBRATE"
 REPS = 2
 TIE = 0.05
@@ -41,7 +43,7 @@ MAX_MICRO = 16
 
 
 def cache_file() -> Path:
-    return Path(os.path.expanduser(os.environ.get("XDG_CACHE_HOME") or "~/.cache")) / "webrl" / "micro-batch.json"
+    return user_cache_dir() / "micro-batch.json"
 
 
 def enabled() -> bool:
@@ -78,12 +80,7 @@ def _read() -> dict:
 
 def _write(key: str, entry: dict) -> None:
     with contextlib.suppress(OSError):  # a read-only home: measured again next time
-        f = cache_file()
-        f.parent.mkdir(parents=True, exist_ok=True)
-        data = _read() | {key: entry}
-        tmp = f.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        os.replace(tmp, f)
+        replace_text(cache_file(), json.dumps(_read() | {key: entry}, indent=1, sort_keys=True))
 
 
 def _tokens_per_s(trainer, rows: list[dict], m: int) -> float:

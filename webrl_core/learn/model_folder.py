@@ -13,6 +13,7 @@ import re
 import struct
 from pathlib import Path
 
+from webrl_core.artifacts import replace_text, user_cache_dir
 from webrl_core.errors import BadInput, MissingInput
 from webrl_core.pretrained import missing_hint
 
@@ -124,8 +125,7 @@ def architecture_names() -> dict:
     tables takes seconds (it imports torch), so they are kept per transformers version in the user's cache
     (``~/.cache/webrl/``): a wrong folder is then refused at once."""
     version = importlib.metadata.version("transformers")
-    cache = Path(os.path.expanduser(os.environ.get("XDG_CACHE_HOME") or "~/.cache")) / "webrl" / \
-        f"transformers-{version}-architectures.json"
+    cache = user_cache_dir() / f"transformers-{version}-architectures.json"
     try:
         return json.loads(cache.read_text())
     except (OSError, ValueError):
@@ -138,10 +138,7 @@ def architecture_names() -> dict:
              "masked": sorted(MODEL_FOR_MASKED_LM_MAPPING_NAMES),
              "causal_classes": sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())}
     with contextlib.suppress(OSError):  # a read-only home: recomputed next time
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(names))
-        os.replace(tmp, cache)
+        replace_text(cache, json.dumps(names))
     return names
 
 

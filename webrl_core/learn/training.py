@@ -212,25 +212,24 @@ def _trainer_args(cls, out_dir: Path, settings, lr: float, epochs: float, batch_
                train_sampling_strategy="group_by_length", **extra)  # less padding; uses the "length" column
 
 
-def _micro_batches(section, name: str, models_device: str) -> tuple[int, int]:
+def _micro_batches(section, models_device: str) -> tuple[int, int]:
     """(items per forward pass, accumulation steps) for ``batch_size`` x ``grad_accum`` items per optimizer step of
     a config section. On CPU the micro-batch the Trainer starts from is 1 (on an AVX2 box padded batches of mixed
     lengths cost more than they save: ``webrl bench train``), and ``fit`` then measures the fastest one on the box
-    (``micro_batch.calibrate``); on an accelerator the whole batch goes in one pass."""
+    (``micro_batch.calibrate``); on an accelerator the whole batch goes in one pass. That ``micro_batch_size``
+    divides ``batch_size`` is the config schema's check (``config.MicroBatched``)."""
     micro = section.micro_batch_size or (1 if resolve_device(models_device).type == "cpu" else section.batch_size)
-    if section.batch_size % micro:
-        raise ValueError(f"{name}.micro_batch_size={micro} must divide {name}.batch_size={section.batch_size}")
     return micro, section.grad_accum * (section.batch_size // micro)
 
 
 def actor_micro_batches(settings) -> tuple[int, int]:
     """``_micro_batches`` of the ``actor`` section (samples)."""
-    return _micro_batches(settings.actor, "actor", settings.models.device)
+    return _micro_batches(settings.actor, settings.models.device)
 
 
 def critic_micro_batches(settings) -> tuple[int, int]:
     """``_micro_batches`` of the ``critic`` section (distinct prompts)."""
-    return _micro_batches(settings.critic, "critic", settings.models.device)
+    return _micro_batches(settings.critic, settings.models.device)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,6 +5,8 @@ autocast, the fp16-on-CPU error and the launcher's --mixed_precision."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -271,3 +273,27 @@ def test_frozen_layers_live_in_the_compute_dtype_and_the_trained_ones_in_float32
     assert all(after[k].dtype == torch.bfloat16 for k in after if ".layers.0." in k)
     assert all(torch.equal(after[k].float(), start[k].float()) for k in after if ".layers.0." in k)  # frozen
     assert sum(int((after[k].float() != start[k].float()).sum()) for k in top) > 0  # trained at lr 1e-6
+
+
+def test_calibrated_stages_measure_under_the_training_autocast(bf16_llama, tmp_path, monkeypatch):
+    """On a bf16 box the micro-batch is measured before ``train()`` starts the Trainer's autocast: the timed passes
+    must run under it, or a bf16 frozen layer meets a float32 trained one (the actor stage failed there with
+    "expected m1 and m2 to have the same dtype") and the rates measured are float32 ones."""
+    from webrl_core.learn import micro_batch
+
+    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    seen: set = set()
+    _record_compute_dtype(monkeypatch, seen)
+    samples = build_transitions([({"episode_id": f"e{e}", "success": e % 2 == 0, "intent": f"open item {e}"},
+                                  [{"idx": 0, "prompt": build_prompt(f"open item {e}", [], f"<p>{e}</p>"),
+                                    "response": f'do(action="Click", element="{e}")'}]) for e in range(8)])
+    settings = _settings("models.train_layers=1", "actor.lr=1e-6", "actor.loss=paper", "critic.batch_size=2")
+    critic = training.train_critic(samples, bf16_llama, tmp_path / "critic", settings)
+    stats = training.train_actor(samples, bf16_llama, tmp_path / "actor", settings, critic_dir=tmp_path / "critic",
+                                 progress=False)
+    assert critic["steps"] > 0 and stats["steps"] > 0
+    assert critic["calibrate_s"] > 0 and stats["calibrate_s"] > 0  # measured, and left out of train_s
+    assert seen == {torch.bfloat16}
+    kept = {e["stage"] for e in json.loads(micro_batch.cache_file().read_text()).values()}
+    assert {"critic", "actor"} <= kept

@@ -39,8 +39,8 @@ from webrl_core.learn.advantage import cap_beta, official_advantage, official_be
 from webrl_core.bench.score import _page, _response
 from webrl_core.config import EmbeddedModelConfig, load_config
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.models import (build_embedded_model, encode_prompt, encode_prompt_action, load_causal_lm,
-                               load_tokenizer, n_params, train_embedded_tokenizer)
+from webrl_core.learn.models import (autocast_context, build_embedded_model, encode_prompt, encode_prompt_action,
+                                     load_causal_lm, load_tokenizer, n_params, train_embedded_tokenizer)
 from webrl_core.prompts import build_prompt
 from webrl_core.learn.training import actor_micro_batches, train_actor
 from webrl_core.learn.transitions import build_transitions
@@ -89,39 +89,41 @@ def official_stage(samples: list[dict], actor_dir: Path, critic_dir: Path, setti
     opt = torch.optim.AdamW([p for p in actor.parameters() if p.requires_grad], lr=lr, weight_decay=0.01)
     grad_accum, train_lens, fwd_lens = 2, [], []
     t0 = time.perf_counter()
-    for i, s in enumerate(samples):
-        with torch.no_grad():
-            vs = []
-            for prompt in (s["observation"], s["next_observation"]):
-                ids = torch.tensor([critic.encode([prompt])[0]])
-                l1, l2 = critic(ids, torch.ones_like(ids))
-                vs.append(torch.minimum(F.softmax(l1, -1)[0, 1], F.softmax(l2, -1)[0, 1]))
-                fwd_lens.append(ids.shape[1])
-        adv, mask = official_advantage(vs[0], vs[1], s["reward"], s["mc_return"], settings.actor.margin)
-        enc = encode_prompt_action(tok, s["observation"], s["action"], mcfg.max_length)
-        ids = torch.tensor([enc["input_ids"]])
-        am = torch.tensor(enc["action_mask"][1:], dtype=torch.bool)
-        tgt = ids[0, 1:]
+    # the official trainer runs under the same mixed precision as ours (frozen weights in the compute dtype)
+    with autocast_context(mcfg, next(actor.parameters()).device):
+        for i, s in enumerate(samples):
+            with torch.no_grad():
+                vs = []
+                for prompt in (s["observation"], s["next_observation"]):
+                    ids = torch.tensor([critic.encode([prompt])[0]])
+                    l1, l2 = critic(ids, torch.ones_like(ids))
+                    vs.append(torch.minimum(F.softmax(l1, -1)[0, 1], F.softmax(l2, -1)[0, 1]))
+                    fwd_lens.append(ids.shape[1])
+            adv, mask = official_advantage(vs[0], vs[1], s["reward"], s["mc_return"], settings.actor.margin)
+            enc = encode_prompt_action(tok, s["observation"], s["action"], mcfg.max_length)
+            ids = torch.tensor([enc["input_ids"]])
+            am = torch.tensor(enc["action_mask"][1:], dtype=torch.bool)
+            tgt = ids[0, 1:]
 
-        def seq_logp(model):
-            logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()  # full [T, V] like the repo
-            return torch.log_softmax(logits, -1).gather(-1, tgt[:, None])[:, 0][am].sum()
+            def seq_logp(model):
+                logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()  # full [T, V] like the repo
+                return torch.log_softmax(logits, -1).gather(-1, tgt[:, None])[:, 0][am].sum()
 
-        with torch.no_grad():
-            ref_logp = seq_logp(ref)
-        fwd_lens.append(ids.shape[1])
-        logp = seq_logp(actor)
-        train_lens.append(ids.shape[1])
-        n = am.sum().float()
-        count = n if mask.item() > 0 else torch.tensor(1.0)
-        log_ratio = (logp - ref_logp) / count
-        beta = cap_beta(official_beta(adv, reference_prob(ref_logp, n)), adv, log_ratio)
-        loss = F.smooth_l1_loss(beta * log_ratio, adv, reduction="none", beta=1.0) / beta * mask
-        (loss / grad_accum).backward()
-        if (i + 1) % grad_accum == 0 or i == len(samples) - 1:
-            torch.nn.utils.clip_grad_norm_(actor.parameters(), settings.actor.max_grad_norm)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                ref_logp = seq_logp(ref)
+            fwd_lens.append(ids.shape[1])
+            logp = seq_logp(actor)
+            train_lens.append(ids.shape[1])
+            n = am.sum().float()
+            count = n if mask.item() > 0 else torch.tensor(1.0)
+            log_ratio = (logp - ref_logp) / count
+            beta = cap_beta(official_beta(adv, reference_prob(ref_logp, n)), adv, log_ratio)
+            loss = F.smooth_l1_loss(beta * log_ratio, adv, reduction="none", beta=1.0) / beta * mask
+            (loss / grad_accum).backward()
+            if (i + 1) % grad_accum == 0 or i == len(samples) - 1:
+                torch.nn.utils.clip_grad_norm_(actor.parameters(), settings.actor.max_grad_norm)
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     return {"wall_s": time.perf_counter() - t0, "train_lens": train_lens, "forward_lens": fwd_lens}
 
 

@@ -95,7 +95,8 @@ def _tokens_per_s(trainer, rows: list[dict], m: int) -> float:
     for i, group in enumerate(groups[:REPS + 1]):
         inputs = trainer._prepare_inputs(trainer.data_collator(group))
         t0 = time.perf_counter()
-        trainer.training_step(model, inputs)
+        with trainer.accelerator.autocast():  # the train loop's own autocast starts with train(), not before
+            trainer.training_step(model, inputs)
         if i:  # the first pass is the warm-up (kernel selection, allocations)
             seconds += time.perf_counter() - t0
             tokens += sum(len(r["input_ids"]) for r in group)

@@ -180,14 +180,21 @@ def fit(trainer: Trainer, stage: str | None = None, section=None):
     """``trainer.train()``; the progress display is stopped even when training raises. Without ``--verbose`` the
     Trainer's printed log dicts (``PrinterCallback``, added by ``disable_tqdm=True``) are dropped. ``stage`` and its
     config ``section`` (``batch_size``, ``grad_accum``, ``micro_batch_size``): where the section leaves the micro-batch
-    empty and the stage trains in one CPU process, it is measured first (``micro_batch.calibrate``)."""
+    empty and the stage trains in one CPU process, it is measured first (``micro_batch.calibrate``); its seconds are
+    ``result.metrics["calibrate_s"]``, which the stages' ``train_s`` leaves out."""
     if not is_verbose():
         trainer.remove_callback(PrinterCallback)
     if (stage and micro_batch.enabled() and getattr(section, "micro_batch_size", None) is None
             and trainer.args.device.type == "cpu" and trainer.args.world_size == 1 and len(trainer.train_dataset)):
+        t0 = time.perf_counter()
         micro_batch.calibrate(trainer, stage, section.batch_size, getattr(section, "grad_accum", 1))
+        calibrate_s = time.perf_counter() - t0
+    else:
+        calibrate_s = 0.0
     try:
-        return trainer.train()
+        result = trainer.train()
+        result.metrics["calibrate_s"] = round(calibrate_s, 3)
+        return result
     finally:
         for cb in trainer.callback_handler.callbacks:
             if isinstance(cb, TrainProgress):
@@ -594,7 +601,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
                            data_collator=ActorCollator(tok.pad_token_id), callbacks=progress_callbacks("actor"))
     t2 = time.perf_counter()
     result = fit(trainer, "actor", settings.actor)
-    t_train = time.perf_counter() - t2
+    t_train = time.perf_counter() - t2 - result.metrics["calibrate_s"]
     full = _full_model(trainer, lambda: load_causal_lm(actor_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))
     if full is not None:
@@ -602,7 +609,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
         loss_history.write(out_dir, "actor", trainer.state)
     trainer.accelerator.wait_for_everyone()
     lengths = [len(r["input_ids"]) for r in rows]
-    return stats | {"train_s": round(t_train, 3), "train_loss": result.training_loss, "steps": result.global_step,
+    return stats | {"train_s": round(t_train, 3), "calibrate_s": result.metrics["calibrate_s"], "train_loss": result.training_loss, "steps": result.global_step,
                     "tokens": sum(lengths), "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs,
                     "loss_curve": _loss_curve(trainer)}
 
@@ -686,7 +693,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
                             callbacks=progress_callbacks("critic"))
     t0 = time.perf_counter()
     result = fit(trainer, "critic", settings.critic)
-    train_s = time.perf_counter() - t0
+    train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
 
     full = _full_model(trainer, lambda: build("cpu"))
     if full is not None:
@@ -696,7 +703,8 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     labels = [e["label"] for e in examples]
     lengths = [r["length"] for r in rows]
     return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
-            "train_s": round(train_s, 3), "train_loss": result.training_loss, "steps": result.global_step,
+            "train_s": round(train_s, 3), "calibrate_s": result.metrics["calibrate_s"],
+            "train_loss": result.training_loss, "steps": result.global_step,
             "tokens": int(sum(lengths) * c.epochs), "tokens_sq": int(sum(n * n for n in lengths) * c.epochs),
             **counts, "loss_curve": _loss_curve(trainer)}
 
@@ -744,14 +752,15 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
                                        callbacks=progress_callbacks("sft") + list(callbacks or []))
     t0 = time.perf_counter()
     result = fit(trainer, "sft", settings.actor)
-    train_s = time.perf_counter() - t0
+    train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
     full = _full_model(trainer, lambda: load_causal_lm(model_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))
     if full is not None:
         save_model(full, tok, out_dir)
         loss_history.write(out_dir, "sft", trainer.state)
     trainer.accelerator.wait_for_everyone()
-    return {"n_pairs": len(pairs), "train_s": round(train_s, 3), "train_loss": result.training_loss,
+    return {"n_pairs": len(pairs), "train_s": round(train_s, 3), "calibrate_s": result.metrics["calibrate_s"],
+            "train_loss": result.training_loss,
             "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * epochs),
             **counts, "loss_curve": _loss_curve(trainer)}
 

@@ -108,10 +108,15 @@ def _table(title: str, cols: list[tuple[str, str, str]], rows: list[dict]):
 def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int], episodes: int) -> None:
     from webrl_core.bench.rollout import bench_model_rollout
     from webrl_core.config import load_config
+    from webrl_core.hardware import cpu_summary
 
     settings = load_config(config, sets=[f"models.actor={model}", *sets])
     m = settings.models
-    console.print(f"--model {m.actor}: {m.dtype} ({m.dtype_why}), policy.batch_size={settings.policy.batch_size}, "
+
+    engine = settings.serving.engine if settings.policy.backend == "openai" else "in-process HF"
+    console.print(cpu_summary())
+    console.print(f"--model {m.actor}: policy.backend={settings.policy.backend} ({engine}), "
+                  f"{m.dtype} ({m.dtype_why}), policy.batch_size={settings.policy.batch_size}, "
                   f"max_new_tokens={settings.policy.max_new_tokens}, temperature={settings.policy.temperature}, "
                   f"env.max_steps={settings.env.max_steps}, batch_wait_s={settings.env.batch_wait_s}; "
                   f"{episodes} timed episodes per n_envs on the embedded test tasks")
@@ -123,7 +128,9 @@ def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int
             ("steps/s", "steps_per_s", "{:.2f}"), ("policy-only", "policy_only_steps_per_s", "{:.2f}"),
             ("policy share", "policy_share", "{:.0%}"), ("obs p50", "obs_p50_ms", "{:.0f}ms"),
             ("succ", "success", "{:.2f}"), ("err", "errors", "{}"), ("py MB", "python_rss_mb", "{:.0f}")]
-    console.print(_table(f"webrl bench rollout --model {Path(str(m.actor)).name}", cols, rows))
+    console.print(_table(f"webrl bench rollout --model {Path(str(m.actor)).name} ({engine})", cols, rows))
+    if rows and rows[0]["startup_s"]:
+        console.print(f"{engine} started in {rows[0]['startup_s']:.0f}s (not in steps/s; a rollout stage pays it once)")
     best = max(rows, key=lambda r: r["steps_per_s"])
     print(f"steps/s={best['steps_per_s']:.2f} policy_only={best['policy_only_steps_per_s']:.2f}")
 

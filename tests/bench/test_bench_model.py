@@ -53,3 +53,17 @@ def test_bench_rollout_model_reports_env_and_policy_only_steps(tiny_folder):
     m = re.fullmatch(r"steps/s=([0-9.]+) policy_only=([0-9.]+)", last)
     assert m, last
     assert float(m.group(1)) > 0 and float(m.group(2)) > 0
+
+
+def test_bench_rollout_model_through_a_served_engine(tiny_folder):
+    """policy.backend=openai: the bench starts the configured engine for the checkpoint as a rollout stage does (here
+    the project's own HF server, a real process) and acts through its OpenAI API; the start-up is reported apart."""
+    res = CliRunner().invoke(app, ["bench", "rollout", "--model", str(tiny_folder), "--config", "smoke",
+                                   "--n-envs", "2", "--episodes", "2", "--set", "env.max_steps=2",
+                                   "--set", "models.max_length=512", "--set", "policy.max_new_tokens=16",
+                                   "--set", "policy.backend=openai", "--set", "serving.engine=webrl"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())  # rich wraps long lines
+    assert "policy.backend=openai (webrl)" in said and re.search(r"webrl started in \d+s", said)
+    m = re.fullmatch(r"steps/s=([0-9.]+) policy_only=([0-9.]+)", res.output.strip().splitlines()[-1])
+    assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0

@@ -288,31 +288,44 @@ def bench_engines(settings, nodes_list: list[int] = (1, 2), policies: list[str] 
 # ----------------------------------------------------------------------------------------- a model as the policy
 def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), episodes: int = 8,
                         on_row=None) -> list[dict]:
-    """Env steps/s of the embedded sites' test tasks with ``model`` (an HF folder, in-process ``HFPolicy`` with the
-    config's ``models``/``policy`` settings) acting, per n_envs; beside it the policy alone: the same prompts that
-    the rollout sent, generated again in batches of n_envs (what the rollout's policy calls would cost with no
-    browser and no waiting), as steps/s."""
-    from webrl_core.agent.policy import HFPolicy
+    """Env steps/s of the embedded sites' test tasks with ``model`` (an HF folder) acting through the policy a
+    training rollout builds from ``settings`` (``rollout_policy.make_policy``): in-process ``HFPolicy`` with
+    ``policy.backend: hf``, or, with ``policy.backend: openai``, the engine ``serving.engine`` started for the
+    checkpoint as the rollout stage starts it (``served_actor``; its start-up seconds reported apart), per n_envs;
+    beside it the policy alone: the same prompts that the rollout sent, acted on again in batches of n_envs (what
+    the rollout's policy calls would cost with no browser and no waiting), as steps/s."""
+    import contextlib
+
+    from webrl_core.agent.rollout_policy import make_policy, needs_server
+    from webrl_core.agent.serving import served_actor
+    from webrl_core.artifacts import ArtifactRef
     from webrl_core.sites import EmbeddedSites, test_set
 
-    policy = HFPolicy(model, settings.policy, settings.models, temperature=settings.policy.temperature,
-                      style=settings.prompt.style, compat=settings.prompt.compat)
+    ref = ArtifactRef.of(model, "model")
+    temperature = settings.policy.temperature
     sites = EmbeddedSites(data_seed=0, workers=settings.sites.workers).start()
     tasks = test_set(0)
     rows = []
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(sites.stop)
+        endpoint, startup_s = None, 0.0
+        if needs_server(settings, ref, "rollout"):
+            run_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="webrl-bench-rollout-"))
+            t0 = time.perf_counter()
+            endpoint = stack.enter_context(served_actor(settings, ref, run_dir))
+            startup_s = time.perf_counter() - t0
+        policy = make_policy(settings, ref, temperature, "rollout", endpoint)
         for n in n_envs_list:
             row = asyncio.run(_measure(tasks, policy, sites, n, episodes, settings.env, keep_prompts=True))
             prompts = row.pop("prompts")
             t0 = time.perf_counter()
             for i in range(0, len(prompts), n):
-                policy.generate(prompts[i:i + n])
+                asyncio.run(policy.act(prompts[i:i + n]))
             policy_s = time.perf_counter() - t0
             row |= {"target": "embedded", "model": str(model), "policy_only_steps_per_s": len(prompts) / policy_s,
-                    "policy_share": policy_s / row["wall_s"]}
+                    "policy_share": policy_s / row["wall_s"], "backend": settings.policy.backend,
+                    "engine": settings.serving.engine if endpoint else "in-process", "startup_s": startup_s}
             rows.append(row)
             if on_row:
                 on_row(row)
-    finally:
-        sites.stop()
     return rows

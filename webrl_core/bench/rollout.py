@@ -15,6 +15,7 @@ and their OraclePolicy).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import statistics
@@ -294,8 +295,6 @@ def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), epi
     checkpoint as the rollout stage starts it (``served_actor``; its start-up seconds reported apart), per n_envs;
     beside it the policy alone: the same prompts that the rollout sent, acted on again in batches of n_envs (what
     the rollout's policy calls would cost with no browser and no waiting), as steps/s."""
-    import contextlib
-
     from webrl_core.agent.rollout_policy import make_policy, needs_server
     from webrl_core.agent.serving import served_actor
     from webrl_core.artifacts import ArtifactRef

@@ -5,6 +5,24 @@ from __future__ import annotations
 import typer
 
 
+def _print_comparison(name: str, ref: dict, ours: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from webrl_core.bench.compare_ref import stage_ratios
+
+    rows = stage_ratios(ref, ours)
+    t = Table(title=f"{name} ({ref['ref']}) then this checkout, back to back on {ours['cpu']}")
+    for col in ("stage", f"{name} tokens/s", "now tokens/s", "now / ref"):
+        t.add_column(col, justify="left" if col == "stage" else "right")
+    for r in rows:
+        t.add_row(r["stage"], f"{r['ref_tokens_per_s']:.0f}", f"{r['tokens_per_s']:.0f}", f"{r['ratio']:.2f}x")
+    Console().print(t)
+    print(f"tokens/s={ours['tokens_per_s']:.0f} peak={100 * ours['peak_share']:.0f}% "
+          f"ref_tokens/s={ref['tokens_per_s']:.0f} "
+          + " ".join(f"{r['stage']}={r['ratio']:.2f}x" for r in rows))
+
+
 def register(app: typer.Typer) -> None:
     @app.command("score")
     def bench_score(n: int = typer.Option(512, min=1, help="steps scored by both methods"),
@@ -37,6 +55,10 @@ def register(app: typer.Typer) -> None:
                     seed: int = typer.Option(0, min=0, help="seed of the synthetic data and the model"),
                     threads: int = typer.Option(0, min=0, help="torch threads (0: torch's default)"),
                     out: str = typer.Option(None, help="write the numbers as JSON to this file"),
+                    compare: str = typer.Option(None, help="--model: a git revision (1b32fed, HEAD~3, a tag) whose "
+                                                "code measures the same stages first, back to back with this "
+                                                "checkout's; prints both and the ratio per stage "
+                                                "(webrl_core/bench/compare_ref.py)"),
                     profile: bool = typer.Option(False, help="--model: run each stage under torch.profiler and print "
                                                  "where its time goes (matmul, attention, conversion and copies, "
                                                  "elementwise, optimizer, Python) and its distance from the box's "
@@ -49,8 +71,19 @@ def register(app: typer.Typer) -> None:
         if model:
             from webrl_core.bench.train_model import run as run_model
 
-            run_model(model, config, sets=set_, episodes=episodes or 8, steps=steps or 2, html_chars=chars,
-                      official=official, seed=seed, threads=threads, out=out, profile=profile)
+            ref = None
+            if compare:
+                from webrl_core.bench.compare_ref import reference_run
+
+                argv = ["--model", model, "--config", config, *[a for v in set_ for a in ("--set", v)],
+                        "--episodes", str(episodes or 8), "--steps", str(steps or 2), "--html-chars", html_chars,
+                        "--seed", str(seed), "--threads", str(threads), "--official" if official else "--no-official"]
+                ref = reference_run(compare, argv)
+            result = run_model(model, config, sets=set_, episodes=episodes or 8, steps=steps or 2, html_chars=chars,
+                               official=official, seed=seed, threads=threads, out=out, profile=profile,
+                               quiet_last_line=ref is not None)
+            if ref is not None:
+                _print_comparison(compare, ref, result)
             return
         from webrl_core.bench.train import run as run_train
         run_train(episodes=episodes or 16, steps=steps or 4, html_chars=chars,

@@ -3,6 +3,7 @@ tokenizer, random weights): every stage runs for real and the last lines carry t
 
 import json
 import re
+import subprocess
 
 import pytest
 from typer.testing import CliRunner
@@ -67,3 +68,30 @@ def test_bench_rollout_model_through_a_served_engine(tiny_folder):
     assert "policy.backend=openai (webrl)" in said and re.search(r"webrl started in \d+s", said)
     m = re.fullmatch(r"steps/s=([0-9.]+) policy_only=([0-9.]+)", res.output.strip().splitlines()[-1])
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0
+
+
+def test_bench_train_model_compares_with_a_git_revision(tiny_folder, tmp_path):
+    """--compare REF: REF's own code measures the stages first (a git worktree, a real subprocess), then this
+    checkout's; the last line carries both and the ratio per stage, and the worktree is gone afterwards."""
+    from webrl_core.bench.compare_ref import REPO
+
+    out = tmp_path / "ours.json"
+    res = CliRunner().invoke(app, ["bench", "train", "--model", str(tiny_folder), "--config", "smoke",
+                                   "--episodes", "2", "--steps", "2", "--html-chars", "200,400", "--no-official",
+                                   "--set", "models.max_length=512", "--compare", "HEAD", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    last = res.output.strip().splitlines()[-1]
+    m = re.fullmatch(r"tokens/s=(\d+) peak=\d+% ref_tokens/s=(\d+) sft=([0-9.]+)x critic=([0-9.]+)x "
+                     r"actor=([0-9.]+)x", last)
+    assert m, last
+    assert int(m.group(2)) > 0 and all(float(m.group(i)) > 0 for i in (3, 4, 5))
+    assert int(m.group(1)) == round(json.loads(out.read_text())["tokens_per_s"])
+    assert "webrl-bench-compare-" not in subprocess.run(["git", "worktree", "list"], cwd=REPO, capture_output=True,
+                                                       text=True).stdout
+
+
+def test_bench_train_compare_names_an_unknown_revision(tiny_folder):
+    res = CliRunner().invoke(app, ["bench", "train", "--model", str(tiny_folder), "--config", "smoke",
+                                   "--compare", "no-such-revision-xyz"])
+    assert res.exit_code != 0
+    assert "--compare" in " ".join(str(res.exception).split() + res.output.split())

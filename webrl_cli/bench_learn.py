@@ -5,7 +5,8 @@ from __future__ import annotations
 import typer
 
 
-def _print_comparison(name: str, ref: dict, ours: dict) -> None:
+def _print_comparison(name: str, ref: dict, ours: dict) -> list[dict]:
+    """The table of ``ref``'s and this checkout's tokens/s per stage; its rows (``compare_ref.stage_ratios``)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -18,9 +19,7 @@ def _print_comparison(name: str, ref: dict, ours: dict) -> None:
     for r in rows:
         t.add_row(r["stage"], f"{r['ref_tokens_per_s']:.0f}", f"{r['tokens_per_s']:.0f}", f"{r['ratio']:.2f}x")
     Console().print(t)
-    print(f"tokens/s={ours['tokens_per_s']:.0f} peak={100 * ours['peak_share']:.0f}% "
-          f"ref_tokens/s={ref['tokens_per_s']:.0f} "
-          + " ".join(f"{r['stage']}={r['ratio']:.2f}x" for r in rows))
+    return rows
 
 
 def register(app: typer.Typer) -> None:
@@ -80,10 +79,13 @@ def register(app: typer.Typer) -> None:
                         "--seed", str(seed), "--threads", str(threads), "--official" if official else "--no-official"]
                 ref = reference_run(compare, argv)
             result = run_model(model, config, sets=set_, episodes=episodes or 8, steps=steps or 2, html_chars=chars,
-                               official=official, seed=seed, threads=threads, out=out, profile=profile,
-                               quiet_last_line=ref is not None)
+                               official=official, seed=seed, threads=threads, out=out, profile=profile)
+            last = f"tokens/s={result['tokens_per_s']:.0f} peak={100 * result['peak_share']:.0f}%"
             if ref is not None:
-                _print_comparison(compare, ref, result)
+                rows = _print_comparison(compare, ref, result)
+                last += f" ref_tokens/s={ref['tokens_per_s']:.0f} " + " ".join(
+                    f"{r['stage']}={r['ratio']:.2f}x" for r in rows)
+            print(last)
             return
         from webrl_core.bench.train import run as run_train
         run_train(episodes=episodes or 16, steps=steps or 4, html_chars=chars,

@@ -112,7 +112,6 @@ def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int
 
     settings = load_config(config, sets=[f"models.actor={model}", *sets])
     m = settings.models
-
     engine = settings.serving.engine if settings.policy.backend == "openai" else "in-process HF"
     console.print(cpu_summary())
     console.print(f"--model {m.actor}: policy.backend={settings.policy.backend} ({engine}), "

@@ -301,7 +301,6 @@ def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), epi
     from webrl_core.sites import EmbeddedSites, test_set
 
     ref = ArtifactRef.of(model, "model")
-    temperature = settings.policy.temperature
     sites = EmbeddedSites(data_seed=0, workers=settings.sites.workers).start()
     tasks = test_set(0)
     rows = []
@@ -313,7 +312,7 @@ def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), epi
             t0 = time.perf_counter()
             endpoint = stack.enter_context(served_actor(settings, ref, run_dir))
             startup_s = time.perf_counter() - t0
-        policy = make_policy(settings, ref, temperature, "rollout", endpoint)
+        policy = make_policy(settings, ref, settings.policy.temperature, "rollout", endpoint)
         for n in n_envs_list:
             row = asyncio.run(_measure(tasks, policy, sites, n, episodes, settings.env, keep_prompts=True))
             prompts = row.pop("prompts")

@@ -69,7 +69,7 @@ def _flops(tokens: float, tokens_sq: float, n: int, n_t: int, layers: int, layer
 
 def run(model: str, config: str = "demo", sets: list[str] | None = None, episodes: int = 8, steps: int = 2,
         html_chars: tuple[int, int] = (1500, 4000), official: bool = True, seed: int = 0, threads: int = 0,
-        out: str | None = None, profile: bool = False, quiet_last_line: bool = False) -> dict:
+        out: str | None = None, profile: bool = False) -> dict:
     """The stages' rows; with ``profile`` each stage also runs under the CPU profiler and reports where its time
     goes and its distance from the box's limit (``bench.op_profile``)."""
     console = Console()
@@ -181,6 +181,4 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
         console.print(split)
     if out:
         Path(out).write_text(json.dumps(result, indent=2, default=str))
-    if not quiet_last_line:  # --compare prints its own last line, with the reference's figures
-        print(f"tokens/s={result['tokens_per_s']:.0f} peak={100 * result['peak_share']:.0f}%")
     return result

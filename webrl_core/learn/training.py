@@ -609,7 +609,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
         loss_history.write(out_dir, "actor", trainer.state)
     trainer.accelerator.wait_for_everyone()
     lengths = [len(r["input_ids"]) for r in rows]
-    return stats | {"train_s": round(t_train, 3), "calibrate_s": result.metrics["calibrate_s"], "train_loss": result.training_loss, "steps": result.global_step,
+    return stats | {"train_s": round(t_train, 3), "calibrate_s": result.metrics["calibrate_s"],
+                    "train_loss": result.training_loss, "steps": result.global_step,
                     "tokens": sum(lengths), "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs,
                     "loss_curve": _loss_curve(trainer)}
 

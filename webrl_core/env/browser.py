@@ -391,7 +391,7 @@ class WebArenaHooks:
         self.resets += 1
 
     def eval_helpers(self) -> dict[str, Callable]:
-        from webrl_core.env.evaluators import webarena_site_helpers  # func: helpers of WebArena-Lite (REST calls)
+        from webrl_core.env.site_queries import webarena_site_helpers  # func: helpers of WebArena-Lite (REST calls)
 
         return webarena_site_helpers(self.urls)
 

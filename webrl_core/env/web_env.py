@@ -52,7 +52,7 @@ def split_start_urls(start_url: str) -> list[str]:
 class WebEnv:
     def __init__(self, pool: BrowserPool, cfg, hooks: SiteHooks | None = None, slot: int = 0, judge=None) -> None:
         """``judge`` scores the checks VAB gives its LLM judge (fuzzy_match, the N/A reason check):
-        ``evaluators.judge_from_settings(settings)`` makes it from ``eval.judge`` (an ``LLMJudge``, the
+        ``judge.judge_from_settings(settings)`` makes it from ``eval.judge`` (an ``LLMJudge``, the
         ``FallbackJudge`` for "none", or None). With None, a task that needs a judge is unscored:
         ``evaluate()`` returns None."""
         self.pool, self.cfg, self.slot, self.judge = pool, cfg, slot, judge

@@ -34,9 +34,10 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, ValidationEr
                       model_validator)
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from webrl_core.env.evaluators import URL_RULES, parse_helper_call
 from webrl_core.env.placeholders import (PLACEHOLDER_RE, PLACEHOLDERS, SITE_PLACEHOLDER,  # noqa: F401 (re-exported)
                                          placeholder_sites, substitute_placeholders)
+from webrl_core.env.site_queries import parse_helper_call
+from webrl_core.env.string_match import URL_RULES
 from webrl_core.errors import BadInput, MissingInput, WebrlError
 from webrl_core.websites import SITES, TASK_CONFIG_SITES
 

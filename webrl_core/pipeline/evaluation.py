@@ -12,7 +12,7 @@ from pathlib import Path
 
 from webrl_core.artifacts import ArtifactRef, read_json
 from webrl_core.env.episode import outcome
-from webrl_core.env.evaluators import describe_judge, needs_judge
+from webrl_core.env.judge import describe_judge, needs_judge
 from webrl_core.pipeline import experience
 from webrl_core.pipeline.stage import stage
 from webrl_core.runs.rundir import output_key, write_json_version

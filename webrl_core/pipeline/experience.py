@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from webrl_core.artifacts import ArtifactRef, read_json, read_jsonl
-from webrl_core.env.evaluators import judge_from_settings
+from webrl_core.env.judge import judge_from_settings
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
 from webrl_core.learn.models import load_causal_lm, load_tokenizer
 from webrl_core.learn.orm import OrmScorer, decision_agreement, orm_prompt_for_episode

@@ -207,7 +207,7 @@ def _run_shard(spec: dict, shard: int, jobs: list[tuple[dict, int, str]], collec
     """One Ray task: run the shard's episodes that are not in yet, pushing each to the collector as it ends."""
     import ray
 
-    from webrl_core.env.evaluators import judge_from_settings
+    from webrl_core.env.judge import judge_from_settings
     from webrl_core.env.rollout import run_rollout
     from webrl_core.sites.session import site_session
 

@@ -1,4 +1,4 @@
-"""Every shell command in README.md and docs/*.md works as written (issue 33).
+"""Every shell command in README.md, docs/*.md and the lab notebook (docs/notebook/*.md) works as written (issue 33).
 
 The commands: every line of the fenced ``bash`` blocks (continued lines joined) and every inline code span that
 starts with ``webrl ``, ``make `` or ``duckdb ``. Each one is
@@ -35,7 +35,7 @@ import typer
 from shared_prefect import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "notebook").glob("*.md"))]
 VENV_BIN = Path(sys.executable).parent
 FIXTURE_TASKS = ROOT / "tests" / "fixtures" / "webarena" / "mini_lite.raw.json"
 
@@ -183,13 +183,13 @@ def doc_commands() -> list[DocCommand]:
                     cmd += "\n" + lines[k]
                 k += 1
                 if cmd.strip() and not cmd.strip().startswith("#"):
-                    out.append(DocCommand(f"{f.name}:{first + start}", cmd.rstrip(), inline=False))
+                    out.append(DocCommand(f"{f.relative_to(ROOT)}:{first + start}", cmd.rstrip(), inline=False))
         prose = re.sub(r"```.*?```", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
         for m in re.finditer(r"`([^`]+)`", prose):
             span = " ".join(m.group(1).split())
             if re.match(r"(webrl|make|duckdb) [a-z.<-]", span) or span in ("webrl", "webrl --help"):
                 line = prose.count("\n", 0, m.start()) + 1
-                out.append(DocCommand(f"{f.name}:{line}", span, inline=True))
+                out.append(DocCommand(f"{f.relative_to(ROOT)}:{line}", span, inline=True))
     return out
 
 

@@ -20,8 +20,8 @@ page from far fewer tokens when each block is one line and each interactive elem
 (``byteblaze / api-gateway [5]``, ``button Go [2]``, ``input "Search" [1]``, ``select "Guest" [4] options: ...``).
 An actor names the element first (``# Element: movies``) and writes its id after, so in this order the id is the
 token that follows the name it just wrote; in the ``[N] text`` order it is the token before. Measured on SmolLM2-135M
-(docs/results.md): at 0.8 epoch alone it reads ids no better than ``[N] text`` (run I); with the list shuffle
-(``bootstrap.sft_list_shuffle``) at 2 epochs, 88.3% exact next action against 81.7% (S2ia), so the demos use it.
+(docs/notebook/grounding.md): at 0.8 epoch alone it reads ids no better than ``[N] text``; with the list shuffle
+(``bootstrap.sft_list_shuffle``) at 2 epochs, 88.3% exact next action against 81.7%, so the demos use it.
 
 Every id of the HTML appears exactly once, so an action's ``element="N"`` means the same element in both
 renderings (``tests/test_compact_page.py`` checks it on every held-out task's oracle steps). The rendering is a

@@ -3,7 +3,7 @@
 The actor's grammar (``env.actions``) lets a response name its element in a comment line before the call:
 ``# Element: movies`` then ``do(action="Click", element="13")``. A small actor often names the right element and
 writes another element's id: SmolLM2-135M after SFT on the demo's forum list writes 13 (photography) for movies,
-music, gardening and technology alike (docs/results.md, "Name grounding"). The rule, per response:
+music, gardening and technology alike (docs/notebook/grounding.md, "Name grounding"). The rule, per response:
 
     NAME = the text of its ``# Element:`` line,  N = the element id of its ``do(...)`` call;
     if text(N) != NAME and exactly one element E of the page has text(E) == NAME (else, case-insensitively),

@@ -244,7 +244,8 @@ def top_up(kept: list[dict], dropped: list[dict], n_min: int, low: float, high: 
 
     A young critic can put every candidate outside the window; an empty phase wastes the whole phase. A saturated
     one (every value about 1) orders the candidates by rounding noise, and without the turns one site fills the
-    top-up (phase 2 of the S2 seed 0 run: 15 map tasks out of 101 candidates from five sites).
+    top-up (a `demo-full` phase 2 whose critic trained on the whole buffer: 15 map tasks out of 101 candidates from
+    five sites; docs/notebook/curriculum.md).
     """
     need = n_min - len(kept)
     if need <= 0:

@@ -3,9 +3,9 @@
 The entity swap (``entity_swap.py``) renames things but keeps every element id where it was, so a demonstration's
 id stays predictable from whatever the swap leaves unchanged (a post title, a comment's text, the steps before):
 on the reddit clone's forum list, twelve lines ``[6] books 24 submissions`` ... ``[17] travel 24 submissions``,
-a start trained on 44 such steps wrote one or two ids whatever forum it named (docs/results.md, "Where the starts
-fail"). The shuffle permutes the texts of a run of list lines among the run's ids, and the action's id follows its
-text:
+a start trained on 44 such steps wrote one or two ids whatever forum it named (docs/notebook/grounding.md, "Where the
+starts fail"). The shuffle permutes the texts of a run of list lines among the run's ids, and the action's id follows
+its text:
 
     lines ``[i_1] t_1`` ... ``[i_n] t_n`` (ids consecutive, one shape, n >= ``MIN_RUN``)  ->  ``[i_k] t_π(k)``
     ``element="i_j"``  ->  ``element="i_π⁻¹(j)"``

@@ -16,7 +16,7 @@ from prefect.artifacts import create_markdown_artifact
 from flows.webrl import webrl_bootstrap, webrl_phase
 from webrl_core.experiments import ablation
 from webrl_core.runs import tracking
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.pipeline.generation import NoSeedTasks
 from webrl_core.pipeline.updates import NoTrainingData
 from webrl_core.pipeline import validate

@@ -17,7 +17,8 @@ from tasks.stages import StageRun
 from webrl_core.pipeline import validate
 from webrl_core.runs import runlock, tracking
 from webrl_core.artifacts import ArtifactRef
-from webrl_core.config import WebRLSettings, load_config
+from webrl_core.config import WebRLSettings
+from webrl_core.config_loader import load_config
 from webrl_core.logs import quiet_libraries
 from webrl_core.runs.rundir import (library_source_digest, model_ref, results_dir, run_dir_of, run_identity,
                                    source_digest)

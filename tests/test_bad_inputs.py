@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from webrl_core.pipeline import validate as V
-from webrl_core.config import ConfigError, load_config
+from webrl_core.config_loader import ConfigError, load_config
 from webrl_core.env import webarena as wa
 from webrl_core.learn.model_folder import ModelFolderError, check_model_folder
 from webrl_core.runs.store import StoreError, TrajectoryStore

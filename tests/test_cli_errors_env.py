@@ -73,7 +73,7 @@ def test_env_play_of_a_task_whose_site_has_no_url_names_the_variable_before_a_br
 @pytest.fixture(scope="module")
 def run_test_json(tmp_path_factory) -> Path:
     """``<run_dir>/tasks/test.json`` as the eval stage writes it (the smoke config's embedded test set)."""
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.pipeline.task_sets import test_task_set
 
     run_dir = tmp_path_factory.mktemp("run")

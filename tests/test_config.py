@@ -2,8 +2,8 @@ import warnings
 
 import pytest
 
-from webrl_core.config import (RENAMED, ConfigError, WebRLSettings, describe_fields, dump_config, env_site_urls,
-                               load_config)
+from webrl_core.config import RENAMED, WebRLSettings
+from webrl_core.config_loader import ConfigError, describe_fields, dump_config, env_site_urls, load_config
 
 
 def test_defaults_resolve_and_every_field_is_described():

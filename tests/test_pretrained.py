@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from webrl_core.config import ConfigError, ModelsConfig, load_config
+from webrl_core.config import ModelsConfig
+from webrl_core.config_loader import ConfigError, load_config
 from webrl_core.hardware import auto_dtype
 from webrl_core.pretrained import (MANIFEST, import_gguf, load_gguf, model_folder, packaged_gguf, resolve_model_ref,
                                    setup_model)

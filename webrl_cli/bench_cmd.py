@@ -54,7 +54,7 @@ def bench_serving(model: str = typer.Option(..., help="HF model folder to serve 
     from rich.table import Table
 
     from webrl_core.bench.serving import bench_engine
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.prompts import build_prompt
     from webrl_core.sites.tasks import train_tasks
 
@@ -90,7 +90,7 @@ def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/mo
     """Phase-0 SFT of one setting, measured on a validation split of the training pool (never the test set):
     SFT seconds and tokens/s, validation success, unparseable steps, typed arguments taken from the intent."""
     from webrl_core.bench.sft import run
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, out=out)
 
@@ -129,7 +129,7 @@ def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt
                    every_epochs=every_epochs)
         return
     from webrl_core.bench.sft_curve import run
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     run(load_config(config, sets=set_), run_dir, demos=300 if demos is None else demos, val_tasks=val_tasks,
         val_steps=val_steps, every=every, out=out, label=label, val_rollouts=val_rollouts, budget_s=budget_s,
@@ -148,7 +148,7 @@ def bench_sft_curve_export(config: str = typer.Option("demo", help="config whose
     steps' prompts rendered in the config's format, with the settings. Needs the sites and Chromium; the folder
     does not (a GPU machine trains from it)."""
     from webrl_core.bench.sft_curve import export
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     print(json.dumps(export(load_config(config, sets=set_), run_dir, demos, val_tasks, val_steps, out), indent=2))
 
@@ -164,7 +164,7 @@ def bench_next_action(run: Optional[str] = typer.Option(None, help="run dir: eve
     """Next-action accuracy of each phase's actor of a run (and of named checkpoints) on the same validation steps
     as bench sft-curve: does a WebRL phase keep what the SFT start knew?"""
     from webrl_core.bench.next_action import run as run_bench
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     run_bench(load_config(config, sets=set_), run, model, run_dir, demos=demos, val_tasks=val_tasks,
               val_steps=val_steps, out=out)
@@ -188,7 +188,7 @@ def bench_orm(train_run: list[str] = typer.Option([], help="run dir whose policy
     """The ORM as a data curve: trained on more and more labelled policy episodes of some runs, its accuracy,
     YES precision, recall and ROC AUC against the sites' evaluators on other runs' episodes."""
     from webrl_core.bench.orm import run as run_bench
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     try:
         counts = [int(s) for s in sizes.split(",") if s.strip()]
@@ -212,7 +212,7 @@ def bench_temperature(model: Optional[str] = typer.Option(None, help="actor chec
     """Task success of an actor on validation tasks of the training pool at each sampling temperature: the
     training rollouts' temperature (policy.temperature) chosen by measurement."""
     from webrl_core.bench.temperature import run as run_bench
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     try:
         temps = [float(t) for t in temperatures.split(",") if t.strip()]
@@ -229,7 +229,7 @@ def bench_copy_export(config: str = typer.Option("demo", help="config whose boot
     """Write the folder `webrl bench copy` trains and checks from: the run's tokenizer, the oracle demonstrations'
     (prompt, action) pairs and the validation tasks' oracle steps. Needs the sites and Chromium; the folder does not."""
     from webrl_core.bench.copy import export
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     print(json.dumps(export(load_config(config, sets=set_), run_dir, demos, val_tasks, out), indent=2))
 

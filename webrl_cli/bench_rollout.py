@@ -53,7 +53,7 @@ def register(app: typer.Typer) -> None:
         --engine ray, a phase's rollout through Ray against the local engine."""
         from rich.console import Console
 
-        from webrl_core.config import load_config
+        from webrl_core.config_loader import load_config
 
         if model:
             _bench_model(Console(), model, config or "demo", set_, _ints(n_envs or "4", "--n-envs"), episodes or 8)
@@ -107,7 +107,7 @@ def _table(title: str, cols: list[tuple[str, str, str]], rows: list[dict]):
 
 def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int], episodes: int) -> None:
     from webrl_core.bench.rollout import bench_model_rollout
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.hardware import cpu_summary
 
     settings = load_config(config, sets=[f"models.actor={model}", *sets])

@@ -23,7 +23,8 @@ def show(file: Optional[str] = typer.Argument(None, help=f"config YAML: a path o
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.config import RENAMED, describe_fields, dump_config, load_config
+    from webrl_core.config import RENAMED
+    from webrl_core.config_loader import describe_fields, dump_config, load_config
 
     console = Console()
     if doc:
@@ -47,7 +48,7 @@ def show(file: Optional[str] = typer.Argument(None, help=f"config YAML: a path o
 @app.command("list")
 def list_packaged():
     """List the configs shipped with webrl."""
-    from webrl_core.config import packaged_config, packaged_config_names
+    from webrl_core.config_loader import packaged_config, packaged_config_names
 
     for n in packaged_config_names():
         typer.echo(f"{n}\t{packaged_config(n)}")

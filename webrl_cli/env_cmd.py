@@ -11,7 +11,7 @@ app = typer.Typer(no_args_is_help=True)
 
 
 def _env_cfg(config: str | None, sets: list[str]):
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     return load_config(config, sets=sets or ()).env
 
 
@@ -92,7 +92,7 @@ def play_cmd(
     from playwright.async_api import Error as PlaywrightError
     from rich.console import Console
 
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.env.browser import BrowserPool, NoHooks, WebArenaHooks, url_host
     from webrl_core.env.web_env import WebEnv
     from webrl_core.errors import BadInput, MissingInput

@@ -35,7 +35,7 @@ def _load(config: str, set_: list[str], flow: str | None = None, run_dir: str | 
     """Resolve the config and, for a flow, check its inputs before Prefect starts (seconds instead of a
     minute and a traceback) and put Prefect's state beside the run dir; the flow checks them again, for runs
     started from a deployment."""
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     s = load_config(config, sets=set_)  # a ConfigError is printed by webrl_cli.main
     if flow is not None:

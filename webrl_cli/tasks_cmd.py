@@ -32,7 +32,7 @@ def export_webarena_cmd(
     host: str = typer.Option("localhost", help="host of WebArena's default ports for sites without a URL"),
 ):
     """Replace __SHOPPING__-style placeholders with site URLs and write one config per task (VAB generate_test_data)."""
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.env.webarena import export_webarena, resolve_site_urls
 
     urls = load_config(config).sites.urls  # also reads SHOPPING, REDDIT, ... (and WA_*) env vars

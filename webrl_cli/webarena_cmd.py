@@ -31,7 +31,7 @@ def login(
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.env.webarena_login import LOGIN_SITES, login_sites, recipe_for
 
     settings = load_config(config, sets=set_)
@@ -83,7 +83,8 @@ def local_setup(
     SHOPPING, SHOPPING_ADMIN, GITLAB, REDDIT, MAP): an HF base model and ORM of a real architecture, the SFT data as
     a ShareGPT file from oracle demonstrations, seed and test task files in WebArena-Lite format. Then:
     `webrl train --config webarena-local`."""
-    from webrl_core.config import LOCAL_INPUTS_DIR, EmbeddedModelConfig, EnvConfig, env_site_urls
+    from webrl_core.config import LOCAL_INPUTS_DIR, EmbeddedModelConfig, EnvConfig
+    from webrl_core.config_loader import env_site_urls
     from webrl_core.errors import BadInput
     from webrl_core.pipeline.local_webarena import prepare_local_inputs
     from webrl_core.prompts import COMPATS

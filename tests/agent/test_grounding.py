@@ -9,7 +9,7 @@ from webrl_core.agent.rollout_policy import make_policy, rollout_identity
 from webrl_core.agent_api import StepContext
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.compact_page import element_texts
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 
 FORUMS = ('<body> <header> <a id="0"> Postmill </a> <a id="1"> Forums </a> <input id="3" type="text" '
           'placeholder="Search"/> </header> <main> <h1> Forums </h1> <ul> <li> <a id="10"> gardening </a> 24 '

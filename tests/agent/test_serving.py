@@ -16,7 +16,8 @@ import pytest
 
 from webrl_core.agent_api import StepContext
 from webrl_core.artifacts import ArtifactRef
-from webrl_core.config import EmbeddedModelConfig, load_config
+from webrl_core.config import EmbeddedModelConfig
+from webrl_core.config_loader import load_config
 from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.agent.policy import OpenAIPolicy
 from webrl_core.prompts import build_prompt
@@ -117,7 +118,7 @@ def test_a_killed_stage_leaves_no_engine_behind(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys, time
         from webrl_core.artifacts import ArtifactRef
-        from webrl_core.config import load_config
+        from webrl_core.config_loader import load_config
         from webrl_core.agent.serving import served_actor
         s = load_config("smoke", sets=["policy.backend=openai", "models.max_length=1024"])
         with served_actor(s, ArtifactRef.of({str(actor.path)!r}, "model"), {str(tmp_path)!r}) as ep:

@@ -19,7 +19,7 @@ def _html_task(url, locator, rc, intent="t"):
 
 
 def test_judge_from_settings_follows_eval_judge(monkeypatch):
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     assert jm.judge_from_settings(load_config("smoke")) is None
     assert jm.judge_from_settings(load_config("smoke", sets=["eval.judge=''"])) is None

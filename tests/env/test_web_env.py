@@ -254,7 +254,7 @@ def judge_server(monkeypatch):
 
 def judges(url: str) -> dict:
     """The judge each eval.judge setting gives: empty, "none", the test endpoint."""
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.env.judge import judge_from_settings
 
     return {name: judge_from_settings(load_config("smoke", sets=[f"eval.judge={value}", "eval.judge_model=judge-mini"]))

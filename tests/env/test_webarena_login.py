@@ -265,7 +265,7 @@ def test_without_a_reset_command_tasks_run_as_they_are_with_one_warning(sites, a
 
 
 def test_the_site_session_passes_the_configured_reset_command(tmp_path):
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.sites.session import site_session
 
     settings = load_config(None, sets=["sites.mode=webarena", "sites.reset_command=./reset.sh {sites}",

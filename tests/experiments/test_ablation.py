@@ -103,7 +103,7 @@ def test_summary_table_verdict_and_plot(tmp_path):
 
 
 def test_an_existing_run_as_the_bootstrap_must_fit_the_ablation(tmp_path):
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.pipeline.validate import record_config
 
     boot = _bootstrap(tmp_path / "boot")

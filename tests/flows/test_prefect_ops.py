@@ -142,7 +142,7 @@ def test_the_worker_of_serve_prefect_runs_where_the_user_says(tmp_path, monkeypa
     config's run.root places. (The deployment run on such a worker: test_flows.py; a worker with its own clone:
     test_a_worker_from_a_second_clone_runs_a_deployment.)"""
     from webrl_cli.prefect_stack import REPO, PrefectStack
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.runs.rundir import run_dir_of
 
     for var in ("WEBRL_REPO", "WEBRL_RUN_ROOT"):

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from webrl_core.config import EmbeddedModelConfig, load_config
+from webrl_core.config import EmbeddedModelConfig
+from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic, critic_examples, critic_loss
 from webrl_core.learn.models import build_embedded_model, left_pad, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt

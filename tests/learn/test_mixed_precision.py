@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 
 from webrl_core.learn import models, training
 from webrl_core.scale import launch
-from webrl_core.config import EmbeddedModelConfig, ModelsConfig, TrainingConfig, load_config
+from webrl_core.config import EmbeddedModelConfig, ModelsConfig, TrainingConfig
+from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic
 from webrl_core.learn.models import (build_embedded_model, load_causal_lm, load_tokenizer, save_model,
                                train_embedded_tokenizer, trainer_precision_args)

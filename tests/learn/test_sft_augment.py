@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from webrl_core.config import ConfigError, load_config
+from webrl_core.config_loader import ConfigError, load_config
 from webrl_core.learn.sft_augment import augmented_sft_passes, sft_passes
 
 LIST = "\n".join(f"[{6 + i}] {f} 24 submissions" for i, f in enumerate(["books", "cooking", "fitness", "gaming"]))

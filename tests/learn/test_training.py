@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
-from webrl_core.config import ActorTrainConfig, EmbeddedModelConfig, load_config
+from webrl_core.config import ActorTrainConfig, EmbeddedModelConfig
+from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic, critic_examples
 from webrl_core.learn.models import (build_embedded_model, encode_prompt_action, left_pad, load_causal_lm, load_tokenizer,
                                train_embedded_tokenizer)

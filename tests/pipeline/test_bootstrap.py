@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.pipeline.bootstrap import balance_classes
 
 

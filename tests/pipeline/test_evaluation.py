@@ -21,7 +21,7 @@ import pytest
 
 from webrl_core.runs import report
 from webrl_core.artifacts import write_json
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.env.episode import Episode
 from webrl_core.env.evaluators import evaluate_task
 from webrl_core.env.judge import judge_from_settings

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from tasks import stages as T
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.pipeline import stage as S
 from webrl_core.pipeline import task_sets
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.pipeline.generation import NoSeedTasks, generate_tasks
 from webrl_core.pipeline.updates import NoTrainingData, train_model
 

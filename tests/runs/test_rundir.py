@@ -4,7 +4,7 @@ that made it, so a re-run after a code change never rewrites the version a cache
 from pathlib import Path
 
 from webrl_core.runs import rundir
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 
 
 def test_output_key_changes_with_settings_inputs_and_library_code(monkeypatch):

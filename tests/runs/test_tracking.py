@@ -2,7 +2,7 @@ from pathlib import Path
 
 from webrl_core.runs import tracking
 from webrl_core.artifacts import ArtifactRef, read_json, sha256_path, write_json
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 
 
 def test_mlflow_run_is_read_back_with_client(tmp_path, monkeypatch):

@@ -22,7 +22,8 @@ import torch
 import yaml
 
 from webrl_core.scale import launch
-from webrl_core.config import EmbeddedModelConfig, load_config
+from webrl_core.config import EmbeddedModelConfig
+from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic
 from webrl_core.scale.launch import LaunchError, TrainingConfig
 from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer

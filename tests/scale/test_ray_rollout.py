@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from webrl_core.artifacts import ArtifactRef
-from webrl_core.config import EmbeddedModelConfig, load_config
+from webrl_core.config import EmbeddedModelConfig
+from webrl_core.config_loader import load_config
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
 from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt

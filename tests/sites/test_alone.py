@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from starlette.requests import Request
 
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.env.rollout import rollout
 from webrl_core.sites import shopping
 from webrl_core.sites.common import EpisodeDBs, SiteKit, sign

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.env.rollout import rollout
 from webrl_core.sites.oracle import EarlyExitOraclePolicy, OraclePolicy
 from webrl_core.sites.tasks import train_tasks

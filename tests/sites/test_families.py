@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import json
 
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.env.rollout import rollout
 from webrl_core.sites.data import site_data
 from webrl_core.sites.families import FAMILIES

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from webrl_core.agent.grounding import ground_response
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.env.actions import parse_action
 from webrl_core.env.rollout import rollout
 from webrl_core.prompts import PromptFormat, build_prompt

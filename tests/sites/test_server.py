@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.env.browser import CHROMIUM_ARGS, BrowserPool, chromium_executable
 from webrl_core.env.web_env import WebEnv
 from webrl_core.sites.server import EmbeddedSites

@@ -96,7 +96,7 @@ def parse_size(spec: str) -> dict[str, int]:
 def run(folder: str | Path, sizes: list[dict[str, int]] | None = None, sets: list[str] = (),
         out: str | Path | None = None) -> list[dict]:
     """Train one embedded actor per size on the folder's demonstrations and check each (module docstring)."""
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     folder = Path(folder)
     for name in ("tokenizer", "train_pairs.jsonl", "val_steps.jsonl", "entity_kinds.json", "settings.yaml"):

@@ -381,7 +381,7 @@ def run_folder(folder: str | Path, out: str | Path, sets: list[str] = (), model:
     import torch
 
     from webrl_core.artifacts import ArtifactRef
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.hardware import device_summary
     from webrl_core.learn.models import load_tokenizer
 

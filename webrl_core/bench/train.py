@@ -37,7 +37,8 @@ from rich.table import Table
 
 from webrl_core.learn.advantage import cap_beta, official_advantage, official_beta, reference_prob
 from webrl_core.bench.score import _page, _response
-from webrl_core.config import EmbeddedModelConfig, load_config
+from webrl_core.config import EmbeddedModelConfig
+from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic
 from webrl_core.learn.models import (autocast_context, build_embedded_model, encode_prompt, encode_prompt_action,
                                      load_causal_lm, load_tokenizer, n_params, train_embedded_tokenizer)

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from webrl_core.bench.op_profile import KINDS, copy_bandwidth, limit_seconds, profiled, unavoidable_bytes
 from webrl_core.bench.train import matmul_peak_flops, official_stage, synthetic_trajectories
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.hardware import device_summary
 from webrl_core.learn.models import encode_prompt_action, load_tokenizer, torch_dtype
 from webrl_core.learn.training import sft_train, train_actor, train_critic

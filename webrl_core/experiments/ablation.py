@@ -69,7 +69,7 @@ def check_shared_bootstrap(bootstrap_dir: str | Path, settings: "WebRLSettings",
     """Refuse (``ForkError``, naming the field) an existing run as the bootstrap of an ablation it does not fit: it
     needs a phase-0 actor and its resolved ``config.yaml``, exactly one seed equal to its ``run.seed``, and the same
     ``eval`` section as the ablation's config (its phase-0 evaluation is every variant's phase-0 point)."""
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
 
     src = Path(bootstrap_dir)
     cfg_file = src / "config.yaml"

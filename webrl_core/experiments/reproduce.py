@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from webrl_core.artifacts import ArtifactRef, read_json, sha256_path
-from webrl_core.config import load_config
+from webrl_core.config_loader import load_config
 from webrl_core.errors import BadInput, MissingInput
 from webrl_core.runs.rundir import model_ref
 from webrl_core.runs.store import TrajectoryStore

@@ -32,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from webrl_core.config import WebRLSettings, dump_config
+from webrl_core.config import WebRLSettings
+from webrl_core.config_loader import dump_config
 from webrl_core.errors import BadInput, MissingInput
 from webrl_core.websites import SITES
 

@@ -11,7 +11,8 @@ import asyncio
 import statistics
 from typing import Any
 
-from webrl_core.config import WebRLSettings, load_config
+from webrl_core.config import WebRLSettings
+from webrl_core.config_loader import load_config
 from webrl_core.env.rollout import rollout
 from webrl_core.env.scripted import RandomPolicy
 from webrl_core.sites.oracle import OraclePolicy

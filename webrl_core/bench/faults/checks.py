@@ -22,7 +22,7 @@ def collect(run: str | Path) -> dict:
     import duckdb
 
     from webrl_core.artifacts import ArtifactRef, read_json, sha256_path
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.env.rollout import plan_episode_ids
     from webrl_core.runs.store import TrajectoryStore
 
@@ -176,7 +176,7 @@ def _artifacts(f: dict, c: dict, run: Path, weight_tol: float) -> dict:
 
 def _recompute(run: Path, f: dict) -> dict:
     """Recompute the phase's data-dependent outputs from the run's own stored episodes and compare."""
-    from webrl_core.config import load_config
+    from webrl_core.config_loader import load_config
     from webrl_core.learn.orm import OrmScorer, orm_prompt_for_episode
     from webrl_core.prompts import prompt_format
     from webrl_core.experiments.reproduce import reproduce_phase

@@ -20,8 +20,8 @@ from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import WebRLSettings
 from webrl_core.config_loader import load_config
 from webrl_core.logs import quiet_libraries
-from webrl_core.runs.rundir import (library_source_digest, model_ref, results_dir, run_dir_of, run_identity,
-                                   source_digest)
+from webrl_core.runs.code_identity import CodeIndex
+from webrl_core.runs.rundir import library_source_digest, model_ref, results_dir, run_dir_of, run_identity
 
 
 @dataclass(frozen=True)
@@ -78,10 +78,11 @@ class RunContext:
 
 @lru_cache(maxsize=1)
 def code_digest() -> str:
-    """The code a flow runs: the library, the task wrappers and the flows."""
+    """The code a flow runs: the library, the task wrappers and the flows (their definitions, wherever they live:
+    ``code_identity``)."""
     here = Path(__file__).resolve().parent
-    return hashlib.sha256(f"{library_source_digest()}:{source_digest(here)}:{source_digest(here.parent / 'tasks')}"
-                          .encode()).hexdigest()
+    flows, tasks = (CodeIndex(d).library_identity() for d in (here, here.parent / "tasks"))
+    return hashlib.sha256(f"{library_source_digest()}:{flows}:{tasks}".encode()).hexdigest()
 
 
 @contextlib.contextmanager

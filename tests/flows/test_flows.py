@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -91,6 +93,30 @@ def test_rerun_is_all_cache_hits_with_identical_artifacts(smoke_run):
     assert states and all(s == "Cached" for s in states.values()), states
     assert {n: _target(run / "models" / "phase=1" / n) for n in ("actor", "critic")} == before
     print(f"cached re-run of phase 1: {wall:.1f} s")
+
+
+def test_a_finished_phase_comes_back_from_the_cache_after_its_code_moves(smoke_run, tmp_path):
+    """A refactor (a module renamed, its importers following, comments and docstrings edited) changes no stage's
+    identity (webrl_core/runs/code_identity.py): the finished phase re-runs from the cache on the moved code."""
+    root, cfg, run = smoke_run
+    repo = Path(__file__).resolve().parents[2]
+    code = tmp_path / "code"
+    for pkg in ("webrl_core", "webrl_cli", "flows", "tasks"):
+        shutil.copytree(repo / pkg, code / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    learn = code / "webrl_core" / "learn"
+    (learn / "advantage.py").rename(learn / "advantage_estimates.py")
+    for f in code.rglob("*.py"):
+        text = re.sub(r"\bwebrl_core\.learn\.advantage\b", "webrl_core.learn.advantage_estimates", f.read_text())
+        text = text.replace("from webrl_core.learn import advantage as", "from webrl_core.learn import "
+                                                                          "advantage_estimates as")
+        f.write_text(text + "\n# moved in a refactor\n")
+    env = {**prefect_env(root), "PYTHONPATH": str(code)}
+    where = subprocess.run([sys.executable, "-c", "import webrl_core.learn.advantage_estimates as m; print(m.__file__)"],
+                           env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    assert where.startswith(str(code))
+    webrl(root, "phase", "--config", str(cfg), "--phase", "1", env=env, cwd=tmp_path)
+    states = task_states("webrl-phase")
+    assert states and all(s == "Cached" for s in states.values()), states
 
 
 def test_changing_the_replay_window_reruns_only_downstream(smoke_run):

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import pickle
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from prefect.cache_policies import Inputs
+from prefect.utilities.hashing import hash_objects
 
-from tasks import stages as T
+from tasks import caching, stages
+from tasks.caching import StageCode
+from webrl_core.runs.code_identity import stage_identity
 from webrl_core.config_loader import load_config
 from webrl_core.pipeline import stage as S
 from webrl_core.pipeline import task_sets
@@ -55,10 +62,10 @@ def test_unknown_sections_are_refused_at_declaration():
 
 def test_every_prefect_task_gets_exactly_its_stages_sections(tmp_path):
     s = load_config("smoke")
-    tasks = [t for t in vars(T).values() if hasattr(t, "stage") and hasattr(t, "submit")]
+    tasks = [t for t in vars(stages).values() if hasattr(t, "stage") and hasattr(t, "submit")]
     assert len(tasks) == 21
     for t in tasks:
-        run = T.StageRun.of(s, str(tmp_path), "rid", t.stage)
+        run = stages.StageRun.of(s, str(tmp_path), "rid", t.stage)
         assert tuple(run.config) == t.stage.config_sections, t.name
         assert t.stage.__name__ in S.STAGES
 
@@ -74,8 +81,8 @@ def test_every_task_rebuilds_its_settings_from_its_sections_under_the_cross_sect
     needs a compact ``prompt.observation``) must find both in the stages it constrains, or the task refuses a valid
     config (``sft-actor`` once dropped ``prompt`` and read the layout as the default 'html')."""
     s = load_config("demo", sets=["prompt.observation=compact_id_after", "bootstrap.sft_list_shuffle=0.5"])
-    for t in [t for t in vars(T).values() if hasattr(t, "stage") and hasattr(t, "submit")]:
-        run = T.StageRun.of(s, str(tmp_path), "rid", t.stage)
+    for t in [t for t in vars(stages).values() if hasattr(t, "stage") and hasattr(t, "submit")]:
+        run = stages.StageRun.of(s, str(tmp_path), "rid", t.stage)
         back = run.settings()
         for section in t.stage.config_sections:
             if section in run.config and set(run.config[section]) != set(type(getattr(s, section)).model_fields):
@@ -126,3 +133,27 @@ def test_a_phase_knob_of_the_actor_keeps_phase_0_and_the_critic_update_cached():
     assert S.config_for(base, updates.update_actor) != S.config_for(swept, updates.update_actor)
     assert S.config_for(base, bootstrap.sft_actor) != S.config_for(load_config("demo", sets=["actor.batch_size=8"]),
                                                                    bootstrap.sft_actor)
+
+
+def test_the_recorded_cache_lineage_is_what_its_revision_computes():
+    """tasks/cache_lineage.json holds, per task, the old key's ingredients and the stage's code identity at that
+    revision: recomputed here from the revision itself (a git worktree), so the file can only say what is true."""
+
+    recorded = json.loads(caching.LINEAGE.read_text())["versions"]
+    repo = Path(caching.__file__).resolve().parents[1]
+    for version in recorded:
+        if subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{version['commit']}^{{commit}}"]).returncode:
+            pytest.skip(f"revision {version['commit'][:12]} is not in this clone (shallow?)")
+        renamed = {n: t["renamed"] for n, t in version["tasks"].items() if "renamed" in t}
+        assert caching.record_version(version["commit"], renamed) == version
+
+
+def test_a_stage_task_key_is_its_name_code_and_inputs(tmp_path):
+    s = load_config("smoke")
+    t = stages.update_actor
+    inputs = {"run": stages.StageRun.of(s, str(tmp_path), "rid", t.stage), "phase": 1}
+    key = StageCode().compute_key(SimpleNamespace(task=t), inputs, {})
+    assert key == hash_objects(t.name, stage_identity(t.stage), Inputs().compute_key(None, inputs, {}))
+    assert key != StageCode().compute_key(SimpleNamespace(task=t), {**inputs, "phase": 2}, {})
+    other = stages.update_critic
+    assert key != StageCode().compute_key(SimpleNamespace(task=other), inputs, {})

@@ -34,13 +34,16 @@ def test_a_rerun_after_a_code_change_keeps_the_published_version(tmp_path, monke
     assert (out / "weights").read_text() == "second" and Path(first / "weights").read_text() == "first"
 
 
-def test_library_source_digest_is_the_digest_of_its_sources(tmp_path):
+def test_library_source_digest_is_the_library_code_identity(tmp_path):
     import shutil
 
     import webrl_core
+    from webrl_core.runs.code_identity import CodeIndex
 
     copy = tmp_path / "webrl_core"
     shutil.copytree(Path(webrl_core.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    assert rundir.source_digest(copy) == rundir.library_source_digest()
-    (copy / "runs" / "rundir.py").write_text((copy / "runs" / "rundir.py").read_text() + "\n# a change\n")
-    assert rundir.source_digest(copy) != rundir.library_source_digest()
+    assert CodeIndex(copy).library_identity() == rundir.library_source_digest()
+    (copy / "runs" / "rundir.py").write_text((copy / "runs" / "rundir.py").read_text() + "\n# a comment\n")
+    assert CodeIndex(copy).library_identity() == rundir.library_source_digest()
+    (copy / "runs" / "rundir.py").write_text((copy / "runs" / "rundir.py").read_text() + "\nLIMIT = 3\n")
+    assert CodeIndex(copy).library_identity() != rundir.library_source_digest()

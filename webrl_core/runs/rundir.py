@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from webrl_core.artifacts import ArtifactRef, write_json
+from webrl_core.runs.code_identity import library_index
 from webrl_core.runs.store import TrajectoryStore
 
 
@@ -51,23 +52,16 @@ def results_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / RESULTS_DIR
 
 
-def source_digest(root: Path) -> str:
-    """sha256 of the Python sources under ``root`` (their relative paths and bytes)."""
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
-
-
 @functools.lru_cache(maxsize=1)
 def library_source_digest() -> str:
-    """``source_digest`` of webrl_core: what a stage runs is its wrapper AND the library code it calls."""
-    return source_digest(Path(__file__).resolve().parents[1])
+    """The library's code: every definition of webrl_core, wherever it lives (``code_identity``: docstrings,
+    comments, imports and file layout excluded). What a stage runs is its wrapper AND the library code it calls."""
+    return library_index().library_identity()
 
 
 def output_key(settings: Any, *inputs: Any) -> str:
     """Key of a stage's output: the config sections the stage reads, its inputs (artifact refs by content) and
-    the library's source digest: after a code change a re-run writes a new version, and the version a cached
+    the library's code identity: after a code change a re-run writes a new version, and the version a cached
     result (or an ablation's fork) points at is never rewritten in place."""
     blob = json.dumps([settings.model_dump(mode="json"), [getattr(i, "sha256", i) for i in inputs],
                        library_source_digest()], sort_keys=True, default=str)

@@ -1,0 +1,224 @@
+"""What code a stage runs, as a digest that moves and renames of files do not change.
+
+A cached stage result is valid while the code that produced it is unchanged. "The code" is not the bytes of the
+files: moving a function to another module, splitting a file, editing a docstring, a comment or an import line
+changes no result, and must not make a stored run train again. So the identity of a stage is
+
+    identity(stage) = sha256( sorted{ normalise(d) : d in reach(stage) } )
+
+where ``reach(stage)`` is the set of the library's top-level definitions (functions, classes, assignments) the
+stage's function refers to, directly or through the definitions it reaches, and ``normalise(d)`` is the
+definition's syntax tree (``ast.dump``) without docstrings and import statements. A reference is a name or an
+attribute name; it resolves to the definitions of that name in the referring module, else in the modules it
+imports, else in their imports (an over-approximation: two definitions of one name in scope are both reached).
+A string constant that is a library module's name (an f-string prefix such as ``webrl_core.sites.``) or a
+command's ``-m webrl_core.scale.launch`` reaches every definition of the modules it names: code started in another process counts.
+A module's statements that define nothing (``if __name__ == "__main__": ...``) belong to every definition of it.
+
+The module path of a definition is not part of its identity, so a stage keeps its identity through moves; a
+change to any line it can run (a body, a default, a decorator, a constant) gives it a new one, and a change to
+code it cannot reach does not.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MODULE_STRING = re.compile(r"^webrl_core(?:\.\w+)+\.?$|(?<=-m )webrl_core(?:\.\w+)+")
+"""A string constant that is a library module's name (``import_module``'s argument, an f-string's prefix such as
+``webrl_core.sites.``), or a command line's ``-m`` target; a module named in prose (a help text) is not code."""
+
+
+@dataclass
+class _Module:
+    name: str
+    aliases: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # bound name -> (module, attribute)
+    unnamed: list[str] = field(default_factory=list)  # normalised statements that define no name
+    defined: dict[str, list["_Definition"]] = field(default_factory=dict)
+
+
+@dataclass
+class _Definition:
+    module: str
+    dump: str
+    names: set[str]  # names it refers to
+    attributes: set[tuple[str, str]]  # (name, attribute) pairs it refers to: ``T.foo``
+    modules: set[str]  # library modules named in its string constants (prefixes end with ".")
+
+
+def _strip(node: ast.AST) -> ast.AST:
+    """``node`` without docstrings (of modules, classes, functions and assignments) and import statements (neither
+    changes what the code computes)."""
+    for n in ast.walk(node):
+        body = getattr(n, "body", None)
+        if not isinstance(body, list):
+            continue
+        n.body = [s for s in body if not isinstance(s, (ast.Import, ast.ImportFrom)) and not _is_docstring(s)] \
+            or [ast.Pass()]
+    return node
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    """A bare string statement: a docstring of a module, class or function, or of the assignment above it."""
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _defined_names(stmt: ast.stmt) -> list[str]:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [stmt.name]
+    if isinstance(stmt, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return []
+
+
+def _references(node: ast.AST) -> tuple[set[str], set[tuple[str, str]], set[str]]:
+    names: set[str] = set()
+    attributes: set[tuple[str, str]] = set()
+    modules: set[str] = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            names.add(n.id)
+        elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name):
+            attributes.add((n.value.id, n.attr))
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            modules |= set(MODULE_STRING.findall(n.value))
+    return names, attributes, modules
+
+
+def _aliases(tree: ast.Module, name: str, is_package: bool, known: set[str]) -> dict[str, tuple[str, str | None]]:
+    """The names the module's import statements (anywhere in it) bind to library modules or their members:
+    ``import a.b as m`` -> (a.b, None); ``from a import b`` -> (a.b, None) if a.b is a module, else (a, b)."""
+    out: dict[str, tuple[str, str | None]] = {}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Import):
+            for a in n.names:
+                if a.asname and a.name in known:
+                    out[a.asname] = (a.name, None)
+                elif not a.asname and a.name.split(".")[0] in known:
+                    out[a.name.split(".")[0]] = (a.name.split(".")[0], None)
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                pkg = name.split(".") if is_package else name.split(".")[:-1]
+                base = ".".join(pkg[:len(pkg) - n.level + 1] + ([base] if base else []))
+            if base not in known:
+                continue
+            for a in n.names:
+                sub = f"{base}.{a.name}"
+                out[a.asname or a.name] = (sub, None) if sub in known else (base, a.name)
+    return out
+
+
+OPAQUE = frozenset({"library_source_digest"})
+"""Definitions outside every identity: the digest of the library names output versions (``rundir.output_key``) and
+computes no result; counting it would make every stage's identity depend on how identities are computed."""
+
+
+class CodeIndex:
+    """The top-level definitions of the package at ``root`` (a folder named like the package, e.g. webrl_core)."""
+
+    def __init__(self, root: Path):
+        root = Path(root)
+        files = {}
+        for f in sorted(root.rglob("*.py")):
+            parts = (root.name, *f.relative_to(root).with_suffix("").parts)
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+        known = set(files)
+        self.modules: dict[str, _Module] = {}
+        for name, f in files.items():
+            tree = ast.parse(f.read_text(), str(f))
+            module = self.modules[name] = _Module(name, _aliases(tree, name, f.name == "__init__.py", known))
+            for stmt in _strip(tree).body:
+                if isinstance(stmt, ast.Pass):
+                    continue
+                dump = ast.dump(stmt, annotate_fields=False)
+                defined = _defined_names(stmt)
+                if not defined:
+                    module.unnamed.append(dump)
+                definition = _Definition(name, dump, *_references(stmt))
+                for d in (n for n in defined if n not in OPAQUE):
+                    module.defined.setdefault(d, []).append(definition)
+
+    def _member(self, module: str, name: str, depth: int = 0) -> list[_Definition]:
+        """What ``module.name`` is: its definitions there, else what the module imported under that name."""
+        m = self.modules.get(module)
+        if m is None or depth > 20:
+            return []
+        if name in m.defined:
+            return m.defined[name]
+        if name in m.aliases:
+            target, attr = m.aliases[name]
+            return self._module_definitions(target) if attr is None else self._member(target, attr, depth + 1)
+        return []
+
+    def _module_definitions(self, module: str) -> list[_Definition]:
+        # a module object passed around as a value: everything in it
+        return [d for ds in self.modules[module].defined.values() for d in ds] if module in self.modules else []
+
+    def _resolve(self, d: _Definition) -> list[_Definition]:
+        module = self.modules[d.module]
+        out = [x for n in d.names if n in module.defined or n in module.aliases
+               and module.aliases[n][1] is not None for x in self._member(d.module, n)]
+        for base, attr in d.attributes:
+            target = module.aliases.get(base)
+            if target and target[1] is None and base not in module.defined:
+                sub = f"{target[0]}.{attr}"
+                out += self._module_definitions(sub) if sub in self.modules else self._member(target[0], attr)
+        for prefix in d.modules:
+            for m in self.modules:
+                if m == prefix or m.startswith(prefix.rstrip(".") + "."):
+                    out += self._module_definitions(m)
+        return out
+
+    def reach(self, module: str, name: str) -> list[str]:
+        """The normalised definitions (and their modules' unnamed statements) reachable from ``module.name``."""
+        todo = list(self.modules[module].defined.get(name, [])) if module in self.modules else []
+        if not todo:
+            raise KeyError(f"{module}.{name} is not a top-level definition of the library")
+        seen: set[int] = set()
+        out: list[str] = []
+        whole_modules: set[str] = set()
+        while todo:
+            d = todo.pop()
+            if id(d) in seen:
+                continue
+            seen.add(id(d))
+            out.append(d.dump)
+            if d.module not in whole_modules:
+                whole_modules.add(d.module)
+                out.extend(self.modules[d.module].unnamed)
+            todo.extend(self._resolve(d))
+        return out
+
+    def identity(self, module: str, name: str) -> str:
+        """sha256 of what ``module.name`` can run (see the module docstring)."""
+        return _digest(self.reach(module, name))
+
+    def library_identity(self) -> str:
+        """sha256 of every definition of the package, wherever it lives."""
+        return _digest(list({id(d): d.dump for m in self.modules.values() for ds in m.defined.values()
+                             for d in ds}.values()) + [s for m in self.modules.values() for s in m.unnamed])
+
+
+def _digest(dumps: list[str]) -> str:
+    h = hashlib.sha256()
+    for d in sorted(dumps):
+        h.update(d.encode() + b"\0")
+    return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=1)
+def library_index() -> CodeIndex:
+    """The index of this checkout's library (``webrl_core``)."""
+    return CodeIndex(Path(__file__).resolve().parents[1])
+
+
+def stage_identity(stage_fn) -> str:
+    """The identity of the code ``stage_fn`` (a library function) can run."""
+    return library_index().identity(stage_fn.__module__, stage_fn.__name__)

@@ -13,7 +13,7 @@ from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import micro_batch
 from webrl_core.learn.models import build_embedded_model, load_causal_lm, train_embedded_tokenizer
-from webrl_core.learn.training import sft_train
+from webrl_core.learn.sft_trainer import sft_train
 from webrl_core.prompts import build_prompt
 
 

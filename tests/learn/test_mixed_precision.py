@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from webrl_core.learn import models, training
+from webrl_core.learn import critic_trainer, models, sft_trainer, trainer_utils, webrl_trainer
 from webrl_core.scale import launch
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, TrainingConfig
 from webrl_core.config_loader import load_config
@@ -56,8 +56,9 @@ def _changed(after: dict, start: dict) -> tuple[int, int]:
 
 
 def _record_compute_dtype(monkeypatch, seen: set):
-    """Wrap training.load_causal_lm: record the output dtype of one Linear during training."""
-    original = training.load_causal_lm
+    """Wrap load_causal_lm where the SFT and actor trainers call it: record the output dtype of one Linear during
+    training."""
+    original = models.load_causal_lm
 
     def loader(*a, **kw):
         model = original(*a, **kw)
@@ -65,7 +66,8 @@ def _record_compute_dtype(monkeypatch, seen: set):
         linear.register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
         return model
 
-    monkeypatch.setattr(training, "load_causal_lm", loader)
+    monkeypatch.setattr(sft_trainer, "load_causal_lm", loader)
+    monkeypatch.setattr(webrl_trainer, "load_causal_lm", loader)
 
 
 def test_bf16_mixed_precision_moves_weights_at_lr_1e6_where_pure_bf16_does_not(bf16_llama, tmp_path, monkeypatch):
@@ -90,7 +92,7 @@ def test_bf16_mixed_precision_moves_weights_at_lr_1e6_where_pure_bf16_does_not(b
     with monkeypatch.context() as m:
         m.setattr(models, "training_dtype", lambda cfg: models.torch_dtype(cfg.dtype))
         m.setattr(models, "upcast_trainable", lambda model: model)
-        m.setattr(training, "trainer_precision_args", lambda *a, **kw: {"bf16": False, "fp16": False})
+        m.setattr(trainer_utils, "trainer_precision_args", lambda *a, **kw: {"bf16": False, "fp16": False})
         _record_compute_dtype(m, seen)
         launch.sft_train(pairs, bf16_llama, tmp_path / "pure", settings, max_steps=STEPS, training=INPROCESS)
     assert seen == {torch.bfloat16}
@@ -136,14 +138,14 @@ def test_actor_reference_logprobs_use_the_training_autocast(bf16_llama, tmp_path
                                     "response": f'do(action="Click", element="{e}")'}]) for e in range(4)])
     Critic.from_backbone(bf16_llama, 0.05, 256, device="cpu").save(tmp_path / "critic")
     ratios = []
-    original = training.webrl_actor_loss
+    original = webrl_trainer.webrl_actor_loss
 
     def loss(*a, **kw):
         value, stats = original(*a, **kw)
         ratios.append(stats["log_ratio"])
         return value, stats
 
-    monkeypatch.setattr(training, "webrl_actor_loss", loss)
+    monkeypatch.setattr(webrl_trainer, "webrl_actor_loss", loss)
     settings = _settings("actor.lr=1e-6", "actor.micro_batch_size=1")
     stats = launch.train_actor(samples, bf16_llama, tmp_path / "actor", settings, critic_dir=tmp_path / "critic",
                                max_steps=1, progress=False, training=INPROCESS)
@@ -160,8 +162,8 @@ def test_precision_flags_and_fp16_on_cpu():
     with pytest.raises(ValueError, match="fp16 mixed precision .* needs a GPU"):
         trainer_precision_args(ModelsConfig(dtype="float16", device="cpu"))
     with pytest.raises(ValueError, match="needs a GPU"):  # before any model is loaded
-        training.sft_train(_pairs(1), "/nonexistent", "/tmp/x", load_config(sets=["models.device=cpu",
-                                                                                 "models.dtype=float16"]))
+        sft_trainer.sft_train(_pairs(1), "/nonexistent", "/tmp/x", load_config(sets=["models.device=cpu",
+                                                                                    "models.dtype=float16"]))
     assert models.training_dtype(ModelsConfig(dtype="bfloat16")) == torch.float32
     assert models.training_dtype(ModelsConfig(dtype="bfloat16", lora={"enabled": True})) == torch.bfloat16
 
@@ -290,9 +292,9 @@ def test_calibrated_stages_measure_under_the_training_autocast(bf16_llama, tmp_p
                                   [{"idx": 0, "prompt": build_prompt(f"open item {e}", [], f"<p>{e}</p>"),
                                     "response": f'do(action="Click", element="{e}")'}]) for e in range(8)])
     settings = _settings("models.train_layers=1", "actor.lr=1e-6", "actor.loss=paper", "critic.batch_size=2")
-    critic = training.train_critic(samples, bf16_llama, tmp_path / "critic", settings)
-    stats = training.train_actor(samples, bf16_llama, tmp_path / "actor", settings, critic_dir=tmp_path / "critic",
-                                 progress=False)
+    critic = critic_trainer.train_critic(samples, bf16_llama, tmp_path / "critic", settings)
+    stats = webrl_trainer.train_actor(samples, bf16_llama, tmp_path / "actor", settings,
+                                      critic_dir=tmp_path / "critic", progress=False)
     assert critic["steps"] > 0 and stats["steps"] > 0
     assert critic["calibrate_s"] > 0 and stats["calibrate_s"] > 0  # measured, and left out of train_s
     assert seen == {torch.bfloat16}

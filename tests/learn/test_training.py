@@ -12,9 +12,11 @@ from webrl_core.learn.critic import Critic, critic_examples
 from webrl_core.learn.models import (build_embedded_model, encode_prompt_action, left_pad, load_causal_lm, load_tokenizer,
                                train_embedded_tokenizer)
 from webrl_core.prompts import build_prompt
-from webrl_core.learn.training import (WebRLConfig, action_logprobs, actor_micro_batches, critic_micro_batches,
-                                       encode_samples, sequence_logprobs, sft_train, train_actor, train_critic,
-                                       webrl_actor_loss)
+from webrl_core.learn.critic_trainer import train_critic
+from webrl_core.learn.sft_trainer import sft_train
+from webrl_core.learn.trainer_utils import actor_micro_batches, critic_micro_batches
+from webrl_core.learn.webrl_trainer import (WebRLConfig, action_logprobs, encode_samples, sequence_logprobs,
+                                            train_actor, webrl_actor_loss)
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.runs import loss_history
 

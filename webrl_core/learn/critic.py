@@ -29,7 +29,7 @@ Folder format (``save``/``load``): ``backbone/`` (HF ``save_pretrained`` + token
 ``heads.safetensors`` and ``critic.json`` (hidden size, init std, max length). A LoRA critic is saved with its
 adapters merged into ``backbone/`` (the same format, loaded the same way) and the adapters alone in ``adapter/``.
 
-Training (:meth:`Critic.for_training`, called by ``training.train_critic``) follows ``models``: with
+Training (:meth:`Critic.for_training`, called by ``critic_trainer.train_critic``) follows ``models``: with
 ``models.lora.enabled`` the backbone gets LoRA adapters (peft, ``FEATURE_EXTRACTION`` task) and only the adapters
 and the two heads train; otherwise everything trains. Trainable parameters (and the heads) are float32 master
 weights; with ``models.dtype`` bfloat16/float16 the compute runs under the Trainer's autocast, and a LoRA

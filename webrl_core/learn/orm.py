@@ -196,7 +196,7 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
 
     from webrl_core.learn.sft_trainer import SelectedLogitsSFTTrainer
 
-    from webrl_core.learn.training import LOGGING_STEPS, fit, progress_callbacks
+    from webrl_core.learn.trainer_utils import LOGGING_STEPS, fit, progress_callbacks
 
     cfg = cfg or OrmConfig()
     models_cfg = models_cfg or ModelsConfig()

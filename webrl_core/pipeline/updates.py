@@ -1,7 +1,8 @@
 """The phase's model updates, in the paper's order (Algorithm 1): the critic first (on the phase's transitions
 and the replay set), then the actor with the KL-constrained objective (paper Eq. 4-5) against the phase-start
-actor as reference, its advantages from the new critic. Training itself is ``webrl_core.learn.training`` (in-process)
-or an accelerate job (``webrl_core.scale.launch``, section ``training``)."""
+actor as reference, its advantages from the new critic. Training itself is ``webrl_core.learn.critic_trainer`` and
+``webrl_core.learn.webrl_trainer`` (the actor loss and its trainer), in-process or as an accelerate job
+(``webrl_core.scale.launch``, section ``training``)."""
 
 from __future__ import annotations
 

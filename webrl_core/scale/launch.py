@@ -1,6 +1,8 @@
 """Training launcher: the critic, actor, SFT and ORM trainers in this process or as ``accelerate launch`` jobs.
 
-``training.launcher: inprocess`` (default) calls ``webrl_core.learn.training`` / ``webrl_core.learn.orm`` directly.
+``training.launcher: inprocess`` (default) calls the trainers directly (``webrl_core.learn``: the actor's
+``webrl_trainer.train_actor``, ``critic_trainer.train_critic``, ``sft_trainer.sft_train``, ``orm.train_orm``;
+imported through ``learn.training``, which re-exports them).
 ``training.launcher: accelerate`` runs the same function in ``training.num_processes`` ranks::
 
     <python> -m accelerate.commands.launch --config_file infra/accelerate/<accelerate_config>.yaml \\

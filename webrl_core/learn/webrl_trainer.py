@@ -1,0 +1,357 @@
+"""The WebRL actor trainer: the KL-constrained policy update, TRL's layout (``WebRLConfig`` the arguments,
+``webrl_actor_loss`` the loss, ``WebRLTrainer`` the Trainer, ``ActorCollator``, ``train_actor`` the entry point).
+
+Paper (arXiv 2411.02337, Sec. 2.1). Per phase WebRL maximises E[sum_t r(s_t, a_t, I) + beta log pi_ref(a_t|s_t, I)]
++ beta H(pi_theta), whose optimum satisfies beta log(pi*/pi_ref) = A*(s, a, I); the actor regresses onto that
+(Eq. 6), on the phase's experience nu (new rollouts and the filtered replay)::
+
+    L(pi_theta) = E_{(s,a,I)~nu} [ ( beta * log( pi_theta(a|s,I) / pi_ref(a|s,I) ) - A(s,a,I) )^2 ]      (Eq. 6)
+
+with the advantage of Eq. 9 (lambda = 0.5; the reward is binary, only at the final step T; the critic V: Eq. 8,
+``critic.py``)::
+
+    A(s_t, a_t, I) = lam * (r_t + V(s_{t+1}) - V(s_t)) + (1 - lam) * (r_T - V(s_t))                      (Eq. 9)
+
+Official code (THUDM/WebRL ``webrl/algorithms/webrl/trainer.py``, ``WebRLTrainer.actor_loss``): a binarised
+advantage A = 1.0 if clamp(V' - V - 0.05 + R + mc_return, -1, 1) >= 0 else -0.6, positive samples only, an adaptive
+and capped beta, a Huber loss on the per-token log-ratio. Both advantages and the beta rule:
+``webrl_core.learn.advantage`` (``paper_advantage``, ``official_advantage``, ``official_beta``, ``cap_beta``).
+
+Actor loss per kept sample i, with logp_i = sum over the action tokens of log pi_theta, ref_logp_i the same under
+pi_ref (the actor at the start of the phase), n_i the action token count (the action + the stop token):
+
+``loss="official"`` (``WebRLTrainer.actor_loss``; A binarised, beta adaptive, advantage.py)::
+
+    c_i         = n_i ("sample", the repo at its batch size 1) or sum_j n_j mask_j ("batch", the repo's formula
+                  for batch > 1); max(c, 1)
+    log_ratio_i = (logp_i - ref_logp_i) / c_i                           per-token mean log-ratio
+    beta_i      = min(beta_i^0, |A_i / log_ratio_i|)  (detached)         beta_i^0 in {beta_low, beta_high}
+                                                                         from ref_prob: the repo's {1, 5}
+    L           = mean_i  Huber_delta=1(beta_i * log_ratio_i, A_i) / beta_i * mask_i
+
+  mask_i = A_i > 0. Masked-out samples contribute exactly 0 to the loss and its gradient, so they are DROPPED
+  before the epoch instead of being run forward/backward (the repo runs them); the mean is over the kept samples.
+
+``loss="paper"`` (Eq. 6, A from Eq. 9, fixed beta)::
+
+    log_ratio_i = logp_i - ref_logp_i        ("sum": the sequence log-ratio log pi(a|s)/pi_ref(a|s), the paper's)
+                  (logp_i - ref_logp_i)/n_i  ("mean": per token)
+    L           = mean_i (beta * log_ratio_i - A_i)^2                   all samples, negative A included
+
+``kl=False`` (paper Fig. 5 ablation): plain token-mean NLL of the actions on the samples the KL loss would push up
+(A > 0), no reference.
+
+Precompute (once per phase, batched, no grad, BEFORE the actor epoch): the critic's V for every DISTINCT prompt
+among observations and next observations (V(s_{t+1}) of step t is V(s) of step t+1), then the critic is freed; the
+reference log-probs come from the freshly loaded actor itself before its first update (it IS pi_ref), so no second
+model is ever in memory. The results are dataset columns (ref_logp, n_action, adv, mask, beta0). Under ``accelerate
+launch`` both are split across the processes (``trainer_utils``, which also holds the arguments, progress, the
+precision and the saving the trainers share). The LR of the tiny embedded model is larger than the paper's
+(``ActorTrainConfig.lr``) because 1e-6 does not move a 1-10M-parameter model in one epoch.
+
+Reference policy with LoRA: ``train_actor`` loads the phase-start actor folder (a previous phase's ``save_model``
+output, which holds the MERGED weights) and puts a FRESH adapter on it. peft initialises ``lora_B = 0``, so before
+the first update the wrapped model is exactly the phase-start actor, and the reference log-probs are computed from
+it at that moment (``ref_logp``). This equals ``disable_adapter()`` on the trained model only because the previous
+adapters were merged into the folder; an unmerged adapter chain would make "adapter off" an older policy.
+
+Settings: the ``actor`` config section (``webrl_core.config.ActorTrainConfig``) is the only definition;
+``WebRLConfig``, the actor Trainer's arguments, takes its loss fields from it and is built from the settings by
+``WebRLConfig.from_settings``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from rich.progress import track
+from transformers import Trainer, TrainingArguments, set_seed
+
+from webrl_core.config import ActorTrainConfig
+from webrl_core.learn import advantage as adv_mod
+from webrl_core.learn.critic import Critic
+from webrl_core.learn.models import (autocast_context, count_parameters, encode_prompt_action, left_pad, load_causal_lm,
+                                     load_tokenizer, save_model)
+from webrl_core.learn.trainer_utils import (_dist_map, _fields_of, _full_model, _is_main_process, _loss_curve,
+                                            _process_device, _trainer_args, _whole_models, actor_micro_batches, fit,
+                                            progress_callbacks)
+from webrl_core.runs import loss_history
+
+
+# ---------------------------------------------------------------------------------------------
+# the actor's arguments
+
+@_fields_of(ActorTrainConfig, ActorTrainConfig.LOSS_FIELDS)
+class WebRLConfig(TrainingArguments):
+    """``TrainingArguments`` + the WebRL loss fields, the arguments of ``WebRLTrainer`` (TRL's ``XxxConfig``
+    convention). The loss fields (``ActorTrainConfig.LOSS_FIELDS``: loss, kl, beta, beta_low, beta_high, lam,
+    margin, paper_logratio, count_norm) are declared once, in the ``actor`` config section, and validated by it;
+    ``from_settings`` maps the section's optimisation fields onto the ``TrainingArguments`` ones."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        ActorTrainConfig.model_validate({n: getattr(self, n) for n in ActorTrainConfig.LOSS_FIELDS})
+
+    @classmethod
+    def from_settings(cls, settings, out_dir: str | Path, max_steps: int | None = None) -> WebRLConfig:
+        """The actor Trainer's arguments from the ``actor`` section of the settings."""
+        a = settings.actor
+        micro, accum = actor_micro_batches(settings)
+        return _trainer_args(cls, Path(out_dir), settings, a.lr, a.epochs, micro, accum, a.max_grad_norm,
+                             max_steps, **a.model_dump(include=set(ActorTrainConfig.LOSS_FIELDS)))
+
+
+# ---------------------------------------------------------------------------------------------
+# the loss
+
+def webrl_actor_loss(logp: torch.Tensor, ref_logp: torch.Tensor, n_tokens: torch.Tensor, adv: torch.Tensor,
+                     mask: torch.Tensor, beta0: torch.Tensor, loss: str = "official", kl: bool = True,
+                     paper_logratio: str = "sum", count_norm: str = "sample") -> tuple[torch.Tensor, dict]:
+    """The actor loss of one micro-batch (module docstring); returns (loss, detached stats)."""
+    n_tokens, adv, mask = n_tokens.to(logp), adv.to(logp), mask.to(logp)
+    ref_logp, beta0 = ref_logp.to(logp), beta0.to(logp)
+    diff = logp - ref_logp
+    if not kl:
+        nll = -(logp * mask).sum() / (n_tokens * mask).sum().clamp(min=1.0)
+        return nll, {"log_ratio": (diff / n_tokens.clamp(min=1)).mean().item()}
+    if loss == "paper":
+        log_ratio = diff if paper_logratio == "sum" else diff / n_tokens.clamp(min=1.0)
+        value = ((beta0 * log_ratio - adv) ** 2).mean()
+        return value, {"log_ratio": log_ratio.detach().mean().item()}
+    if count_norm == "batch":
+        count = (n_tokens * mask).sum().clamp(min=1.0).expand_as(n_tokens)
+    else:
+        count = (n_tokens * mask).clamp(min=1.0)
+    log_ratio = diff / count
+    beta = adv_mod.cap_beta(beta0, adv, log_ratio)
+    per_sample = F.smooth_l1_loss(beta * log_ratio, adv, reduction="none", beta=1.0) / beta * mask
+    return per_sample.mean(), {"log_ratio": log_ratio.detach().mean().item(), "beta": beta.mean().item()}
+
+
+class ActorCollator:
+    """Left-pads input_ids; carries the precomputed per-sample columns as float tensors."""
+
+    columns = ("ref_logp", "adv", "mask", "beta0")
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        ids, mask = left_pad([f["input_ids"] for f in features], self.pad_id)
+        batch = {"input_ids": ids, "attention_mask": mask,
+                 "n_action": torch.tensor([f["n_action"] for f in features], dtype=torch.long)}
+        for c in self.columns:
+            batch[c] = torch.tensor([float(f[c]) for f in features], dtype=torch.float32)
+        return batch
+
+
+class WebRLTrainer(Trainer):
+    """transformers.Trainer whose ``compute_loss`` is the WebRL actor loss on precomputed reference columns."""
+
+    args: WebRLConfig
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.loss_is_scaled_for_ga = False  # our loss is a per-micro-batch mean: let Trainer divide by GA steps
+        self._stats: dict[str, list[float]] = {}
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        logp = action_logprobs(model, inputs["input_ids"], inputs["attention_mask"], inputs["n_action"])
+        a = self.args
+        loss, stats = webrl_actor_loss(logp, inputs["ref_logp"], inputs["n_action"].float(), inputs["adv"],
+                                       inputs["mask"], inputs["beta0"], loss=a.loss, kl=a.kl,
+                                       paper_logratio=a.paper_logratio, count_norm=a.count_norm)
+        for k, v in stats.items():
+            self._stats.setdefault(k, []).append(v)
+        return (loss, {"logp": logp}) if return_outputs else loss
+
+    def log(self, logs: dict, *args, **kwargs):
+        for k, v in self._stats.items():
+            if v:
+                logs[k] = sum(v) / len(v)
+        self._stats = {}
+        super().log(logs, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# log-probs of actions (left padded: every sequence ends at the last column)
+
+def action_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    n_action: torch.Tensor) -> torch.Tensor:
+    """Sum over the last n_action tokens of each left-padded row of log pi(token | prefix).
+
+    Only the last max(n_action)+1 positions go through the LM head (``logits_to_keep``), so no [B, T, vocab]
+    tensor is built for long prompts."""
+    k = int(n_action.max())
+    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
+                logits_to_keep=k + 1)
+    logits = out.logits[:, :-1].float()                      # position j predicts token j+1
+    targets = input_ids[:, -k:]
+    tok_logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    keep = torch.arange(k, device=input_ids.device).unsqueeze(0) >= (k - n_action.to(input_ids.device)).unsqueeze(1)
+    return (tok_logp * keep).sum(-1)
+
+
+def encode_samples(tok, samples: list[dict], max_length: int) -> list[dict]:
+    """Token ids of prompt + action + stop per sample (``models.encode_prompt_action``) and the action length."""
+    rows = []
+    for i, s in enumerate(samples):
+        for key in ("observation", "action"):
+            if not isinstance(s.get(key), str):
+                raise ValueError(f"actor sample {i}: field {key!r} must be a string, got {type(s.get(key)).__name__}")
+        enc = encode_prompt_action(tok, s["observation"], s["action"], max_length)
+        rows.append({"input_ids": enc["input_ids"], "n_action": int(sum(enc["action_mask"]))})
+    return rows
+
+
+@torch.no_grad()
+def sequence_logprobs(model, rows: list[dict], pad_id: int, batch_size: int = 8,
+                      progress: bool = False) -> torch.Tensor:
+    """Sum of action-token log-probs for encoded rows, batched by length, in eval mode without grad."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out = torch.zeros(len(rows), dtype=torch.float32)
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    for idx in track(batches, description="reference log-probs", disable=not progress):
+        ids, mask = left_pad([rows[i]["input_ids"] for i in idx], pad_id)
+        n = torch.tensor([rows[i]["n_action"] for i in idx])
+        out[idx] = action_logprobs(model, ids.to(device), mask.to(device), n).float().cpu()
+    model.train(was_training)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# precompute (once per phase, before the epoch; sharded over processes under accelerate launch)
+
+def critic_values_for(samples: list[dict], critic: Critic, settings, progress: bool = True
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(V(s), V(s')) for every sample, running the critic once per distinct prompt (no grad), in the actor's
+    micro-batches (one prompt at a time on CPU, where that is fastest)."""
+    prompts = sorted({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
+    micro, _ = actor_micro_batches(settings)
+
+    def run(ps):
+        return critic.values(ps, batch_size=micro, progress=progress)[0].tolist()
+
+    v_of = dict(zip(prompts, _dist_map(run, prompts)))
+    v = torch.tensor([v_of[s["observation"]] for s in samples])
+    nv = torch.tensor([v_of[s["next_observation"]] for s in samples])
+    return v, nv
+
+
+def compute_advantages(samples: list[dict], v: torch.Tensor, nv: torch.Tensor, cfg: WebRLConfig
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, mask) for every sample in the configured loss mode (mask = which samples train)."""
+    reward = torch.tensor([float(s["reward"]) for s in samples])
+    if cfg.loss == "official":
+        mc = torch.tensor([float(s["mc_return"]) for s in samples])
+        return adv_mod.official_advantage(v, nv, reward, mc, cfg.margin)
+    done = torch.tensor([float(bool(s["done"])) for s in samples])
+    a = adv_mod.paper_advantage(v, nv, reward, done, cfg.lam)
+    mask = torch.ones_like(a) if cfg.kl else (a > 0).float()
+    return a, mask
+
+
+def _check_samples(samples: list[dict]) -> None:
+    need = ("observation", "next_observation", "action", "reward", "done", "mc_return")
+    for i, s in enumerate(samples):
+        miss = [k for k in need if k not in s or s[k] is None]
+        if miss:
+            raise ValueError(f"actor sample {i} (episode {s.get('episode_id')!r}): missing field(s) {miss}")
+
+
+# ---------------------------------------------------------------------------------------------
+# entry point
+
+def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path, settings,
+                critic_dir: str | Path | None = None, max_steps: int | None = None, progress: bool = True) -> dict:
+    """One actor epoch of WebRL on step samples (transitions.py); saves an HF folder at ``out_dir``.
+
+    ``critic_dir`` is required for the KL losses; with ``actor.kl=False`` and no critic, the successful
+    trajectories' steps are used (filtered BC). Returns timings and statistics (with the trainable and total
+    parameter counts).
+
+    The KL reference is the phase-start actor ``actor_dir``: its log-probs are computed by the freshly loaded model
+    before the first update (with LoRA: a fresh, zero-initialised adapter on the merged ``actor_dir`` weights, so
+    the model is exactly ``actor_dir``'s; see the module docstring), in the training forward's autocast."""
+    _check_samples(samples)
+    out_dir = Path(out_dir)
+    cfg = WebRLConfig.from_settings(settings, out_dir, max_steps)
+    t0 = time.perf_counter()
+    if critic_dir is not None:
+        with _whole_models():
+            critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
+                                 max_length=settings.models.max_length)
+        t0 = time.perf_counter()  # timings exclude loading
+        v, nv = critic_values_for(samples, critic, settings, progress)
+        del critic  # freed before the actor is loaded: never two models in memory
+        adv, mask = compute_advantages(samples, v, nv, cfg)
+    elif not cfg.kl:
+        v = nv = torch.zeros(len(samples))
+        adv = torch.tensor([1.0 if float(s["trajectory_reward"] if "trajectory_reward" in s else s["reward"]) >= 0.5
+                            else -0.6 for s in samples])
+        mask = (adv > 0).float()
+    else:
+        raise ValueError("train_actor: critic_dir is required for the KL-constrained loss (actor.kl=True)")
+    t_critic = time.perf_counter() - t0
+
+    tok = load_tokenizer(actor_dir)
+    models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
+    set_seed(settings.run.seed)  # LoRA adapter init draws from the global RNG
+    with _whole_models():
+        model = load_causal_lm(actor_dir, models_cfg, trainable=True)
+    keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
+    rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
+    t1 = time.perf_counter()
+    micro = cfg.per_device_train_batch_size  # actor_micro_batches, resolved once in WebRLConfig.from_settings
+
+    def ref_pass(r):  # in the training forward's autocast, so log_ratio is 0 before the first update
+        with autocast_context(models_cfg, next(model.parameters()).device):
+            return sequence_logprobs(model, r, tok.pad_token_id, micro, progress).tolist()
+
+    ref_logp = torch.tensor(_dist_map(ref_pass, rows)) if rows else torch.zeros(0)
+    t_ref = time.perf_counter() - t1
+    n_tok = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
+    adv_k, mask_k = adv[keep], mask[keep]
+    ref_prob = adv_mod.reference_prob(ref_logp, n_tok)
+    if cfg.loss == "official":
+        beta0 = adv_mod.official_beta(adv_k, ref_prob, cfg.beta_low, cfg.beta_high)
+    else:
+        beta0 = torch.full_like(adv_k, cfg.beta)
+    for j, r in enumerate(rows):
+        r.update(ref_logp=float(ref_logp[j]), adv=float(adv_k[j]), mask=float(mask_k[j]), beta0=float(beta0[j]),
+                 length=len(r["input_ids"]))
+
+    stats = {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
+             "critic_s": round(t_critic, 3), "ref_s": round(t_ref, 3),
+             "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": float(ref_prob.mean()) if len(rows) else 0.0,
+             "loss_mode": cfg.loss if cfg.kl else "sft", **count_parameters(model)}
+    if not rows:
+        if _is_main_process():
+            save_model(model, tok, out_dir)
+        return stats | {"train_s": 0.0, "train_loss": None, "steps": 0, "tokens": 0, "tokens_sq": 0,
+                        "epochs": cfg.num_train_epochs, "loss_curve": []}
+    from datasets import Dataset
+
+    trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
+                           data_collator=ActorCollator(tok.pad_token_id), callbacks=progress_callbacks("actor"))
+    t2 = time.perf_counter()
+    result = fit(trainer, "actor", settings.actor)
+    t_train = time.perf_counter() - t2 - result.metrics["calibrate_s"]
+    full = _full_model(trainer, lambda: load_causal_lm(actor_dir, models_cfg.model_copy(update={"device": "cpu"}),
+                                                       trainable=True))
+    if full is not None:
+        save_model(full, tok, out_dir)
+        loss_history.write(out_dir, "actor", trainer.state)
+    trainer.accelerator.wait_for_everyone()
+    lengths = [len(r["input_ids"]) for r in rows]
+    return stats | {"train_s": round(t_train, 3), "calibrate_s": result.metrics["calibrate_s"],
+                    "train_loss": result.training_loss, "steps": result.global_step,
+                    "tokens": sum(lengths), "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs,
+                    "loss_curve": _loss_curve(trainer)}

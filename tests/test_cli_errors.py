@@ -106,7 +106,7 @@ def test_bench_store_runs_at_a_small_size(tmp_path):
 
 
 def test_help_lists_every_config_and_fault_and_bench_memory_keeps_its_table_when_piped():
-    from webrl_core.bench.faults.catalog import FAULT_NAMES
+    from benchmarks.faults.catalog import FAULT_NAMES
     from webrl_core.config_loader import packaged_config_names
 
     show = " ".join(webrl("config", "show", "--help").stdout.split())

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("webrl_core", "webrl_cli", "flows", "tasks")
+PACKAGES = ("webrl_core", "webrl_cli", "flows", "tasks", "benchmarks")
 
 
 def _modules() -> dict[str, Path]:
@@ -90,7 +90,7 @@ def test_no_import_cycles():
 def test_standard_library_imports_sit_at_module_top():
     late = []
     for name, path in _modules().items():
-        if not name.startswith("webrl_core"):
+        if name.split(".")[0] not in ("webrl_core", "benchmarks"):
             continue
         for fn in ast.walk(ast.parse(path.read_text(), str(path))):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -117,8 +117,8 @@ def test_the_site_list_is_defined_once():
 
 # webrl_core's layers, lowest first: a module may import its own layer and the layers below, never one above.
 # Layer 0 is the package's top-level modules (settings, identities, the site list, the prompt and policy formats).
-LAYERS = ["", "runs", "env", "sites", "learn", "agent", "scale", "pipeline", "experiments", "bench"]
-APPS = ("tasks", "flows", "webrl_cli")  # above the library: Prefect tasks, flows and the CLI
+LAYERS = ["", "runs", "env", "sites", "learn", "agent", "scale", "pipeline", "experiments"]
+APPS = ("tasks", "flows", "webrl_cli", "benchmarks")  # above the library: Prefect tasks, flows, the CLI, benchmarks
 
 
 def _layer(module: str) -> int:
@@ -139,6 +139,16 @@ def test_lower_layers_never_import_upper_ones():
     assert _layer("webrl_core.runs.store") == 1 and _layer("webrl_core.config") == 0  # the walk sees the layers
     assert _layer("webrl_core.pipeline") == LAYERS.index("pipeline")
     assert upward == []
+
+
+def test_the_library_imports_none_of_the_applications():
+    """The library (webrl_core) imports neither the benchmarks nor the Prefect tasks, flows or CLI, not even
+    lazily inside a function; they import it."""
+    modules = _modules()
+    assert "benchmarks.orm" in _imports("webrl_cli.bench_cmd", modules["webrl_cli.bench_cmd"], modules)  # lazy ones
+    above = [f"{name} -> {dep}" for name, path in modules.items() if name.split(".")[0] == "webrl_core"
+             for dep in _imports(name, path, modules) if dep.split(".")[0] in APPS]
+    assert above == []
 
 
 def test_webrl_core_top_level_holds_at_most_twelve_modules():

@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
         """Flow-start cost of referencing checkpoints: full sha256 per reference vs the saved manifest."""
         from pathlib import Path
 
-        from webrl_core.bench.checkpoint import run
+        from benchmarks.checkpoint import run
         from webrl_core.errors import MissingInput
 
         if root is not None and not Path(root).is_dir():

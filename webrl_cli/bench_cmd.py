@@ -31,7 +31,7 @@ def bench_memory(model: str = typer.Option(None, help="HF model folder or config
                  out: str = typer.Option(None, help="write the numbers as JSON to this file")):
     """GPU memory of actor, critic and reference for each precision / LoRA / checkpointing setting, computed from
     the model config (parameters counted on the meta device; activations itemised per decoder layer)."""
-    from webrl_core.bench.memory import run
+    from benchmarks.memory import run
 
     run(model=model, seq=seq, batch=batch, lora_r=lora_r, gpus=gpus, lora_dropout=lora_dropout,
         fmt="markdown" if markdown else "table", out=out)
@@ -53,7 +53,7 @@ def bench_serving(model: str = typer.Option(..., help="HF model folder to serve 
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.bench.serving import bench_engine
+    from benchmarks.serving import bench_engine
     from webrl_core.config_loader import load_config
     from webrl_core.prompts import build_prompt
     from webrl_core.sites.tasks import train_tasks
@@ -89,7 +89,7 @@ def bench_sft(config: str = typer.Option("demo", help="config whose bootstrap/mo
               out: str = typer.Option(None, help="write the numbers as JSON to this file")):
     """Phase-0 SFT of one setting, measured on a validation split of the training pool (never the test set):
     SFT seconds and tokens/s, validation success, unparseable steps, typed arguments taken from the intent."""
-    from webrl_core.bench.sft import run
+    from benchmarks.sft import run
     from webrl_core.config_loader import load_config
 
     run(load_config(config, sets=set_), run_dir, demos=demos, val_tasks=val_tasks, out=out)
@@ -123,12 +123,12 @@ def bench_sft_curve(config: str = typer.Option("demo", help="config whose prompt
     """Phase-0 SFT as a learning curve: greedy next-action accuracy (exact action, element id, typed arguments,
     well-formed) on validation steps of the training pool (never the test set), every --every optimizer steps."""
     if folder:
-        from webrl_core.bench.sft_curve import run_folder
+        from benchmarks.sft_curve import run_folder
 
         run_folder(folder, out, set_, model=model, demos=demos, every=every, label=label, budget_s=budget_s,
                    every_epochs=every_epochs)
         return
-    from webrl_core.bench.sft_curve import run
+    from benchmarks.sft_curve import run
     from webrl_core.config_loader import load_config
 
     run(load_config(config, sets=set_), run_dir, demos=300 if demos is None else demos, val_tasks=val_tasks,
@@ -147,7 +147,7 @@ def bench_sft_curve_export(config: str = typer.Option("demo", help="config whose
     """Write the folder `webrl bench sft-curve --folder` trains from: the demonstrations' and the validation
     steps' prompts rendered in the config's format, with the settings. Needs the sites and Chromium; the folder
     does not (a GPU machine trains from it)."""
-    from webrl_core.bench.sft_curve import export
+    from benchmarks.sft_curve import export
     from webrl_core.config_loader import load_config
 
     print(json.dumps(export(load_config(config, sets=set_), run_dir, demos, val_tasks, val_steps, out), indent=2))
@@ -163,7 +163,7 @@ def bench_next_action(run: Optional[str] = typer.Option(None, help="run dir: eve
                       out: str = typer.Option("runs/bench-sft/next-action", help="writes OUT.json and OUT.png")):
     """Next-action accuracy of each phase's actor of a run (and of named checkpoints) on the same validation steps
     as bench sft-curve: does a WebRL phase keep what the SFT start knew?"""
-    from webrl_core.bench.next_action import run as run_bench
+    from benchmarks.next_action import run as run_bench
     from webrl_core.config_loader import load_config
 
     run_bench(load_config(config, sets=set_), run, model, run_dir, demos=demos, val_tasks=val_tasks,
@@ -187,7 +187,7 @@ def bench_orm(train_run: list[str] = typer.Option([], help="run dir whose policy
               out: str = typer.Option("runs/bench-orm/orm-curve", help="writes OUT.json and OUT.png")):
     """The ORM as a data curve: trained on more and more labelled policy episodes of some runs, its accuracy,
     YES precision, recall and ROC AUC against the sites' evaluators on other runs' episodes."""
-    from webrl_core.bench.orm import run as run_bench
+    from benchmarks.orm import run as run_bench
     from webrl_core.config_loader import load_config
 
     try:
@@ -211,7 +211,7 @@ def bench_temperature(model: Optional[str] = typer.Option(None, help="actor chec
                       out: str = typer.Option("runs/bench-sft/temperature", help="writes OUT.json and OUT.png")):
     """Task success of an actor on validation tasks of the training pool at each sampling temperature: the
     training rollouts' temperature (policy.temperature) chosen by measurement."""
-    from webrl_core.bench.temperature import run as run_bench
+    from benchmarks.temperature import run as run_bench
     from webrl_core.config_loader import load_config
 
     try:
@@ -228,7 +228,7 @@ def bench_copy_export(config: str = typer.Option("demo", help="config whose boot
                       set_: list[str] = SETS, out: str = typer.Option("runs/bench-copy", help="the portable folder to write")):
     """Write the folder `webrl bench copy` trains and checks from: the run's tokenizer, the oracle demonstrations'
     (prompt, action) pairs and the validation tasks' oracle steps. Needs the sites and Chromium; the folder does not."""
-    from webrl_core.bench.copy import export
+    from benchmarks.copy import export
     from webrl_core.config_loader import load_config
 
     print(json.dumps(export(load_config(config, sets=set_), run_dir, demos, val_tasks, out), indent=2))
@@ -242,6 +242,6 @@ def bench_copy(folder: str = typer.Argument(..., help="folder written by `webrl 
                out: str = typer.Option(None, help="write the rows as JSON to this file")):
     """Train the embedded actor (one per --size) on the folder's demonstrations and measure, on the validation
     steps, greedy action match, typed arguments copied from the intent and the rank of the intent's entity."""
-    from webrl_core.bench.copy import parse_size, run
+    from benchmarks.copy import parse_size, run
 
     run(folder, [parse_size(s) for s in size] or None, set_, out)

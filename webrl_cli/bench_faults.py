@@ -1,4 +1,4 @@
-"""`webrl bench faults`: the fault matrix (webrl_core/bench/faults/), one row per injected fault."""
+"""`webrl bench faults`: the fault matrix (benchmarks/faults/), one row per injected fault."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from webrl_core.bench.faults import as_json, recovery, run_matrix, select, summarize
+        from benchmarks.faults import as_json, recovery, run_matrix, select, summarize
 
         console = Console()
         try:

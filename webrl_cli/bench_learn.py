@@ -10,7 +10,7 @@ def _print_comparison(name: str, ref: dict, ours: dict) -> list[dict]:
     from rich.console import Console
     from rich.table import Table
 
-    from webrl_core.bench.compare_ref import stage_ratios
+    from benchmarks.compare_ref import stage_ratios
 
     rows = stage_ratios(ref, ours)
     t = Table(title=f"{name} ({ref['ref']}) then this checkout, back to back on {ours['cpu']}")
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
                     out: str = typer.Option(None, help="write the numbers as JSON to this file")):
         """Perplexity (1/PPL of the action) and ORM P(YES) scoring: batched vs the official one-at-a-time method,
         same embedded tiny Llama and the same steps, in one process."""
-        from webrl_core.bench.score import run
+        from benchmarks.score import run
         run(n=n, batch_sizes=[int(b) for b in batch_sizes.split(",") if b.strip()],
             html_chars=tuple(int(x) for x in html_chars.split(",")), seed=seed, threads=threads, out=out)
 
@@ -57,22 +57,22 @@ def register(app: typer.Typer) -> None:
                     compare: str = typer.Option(None, help="--model: a git revision (1b32fed, HEAD~3, a tag) whose "
                                                 "code measures the same stages first, back to back with this "
                                                 "checkout's; prints both and the ratio per stage "
-                                                "(webrl_core/bench/compare_ref.py)"),
+                                                "(benchmarks/compare_ref.py)"),
                     profile: bool = typer.Option(False, help="--model: run each stage under torch.profiler and print "
                                                  "where its time goes (matmul, attention, conversion and copies, "
                                                  "elementwise, optimizer, Python) and its distance from the box's "
-                                                 "limit (webrl_core/bench/op_profile.py)")):
+                                                 "limit (benchmarks/op_profile.py)")):
         """Training throughput. With --model: SFT, critic and actor stages on that model, tokens/s and share of the
         matmul peak (in the run's dtype) measured in the same run, peak RSS per stage; last line
         `tokens/s=<n> peak=<p>%`. Without: the WebRL actor stage, our precompute + batched epoch vs the official
         per-sample recomputation, on the embedded tiny model (fp32)."""
         chars = tuple(int(x) for x in html_chars.split(","))
         if model:
-            from webrl_core.bench.train_model import run as run_model
+            from benchmarks.train_model import run as run_model
 
             ref = None
             if compare:
-                from webrl_core.bench.compare_ref import reference_run
+                from benchmarks.compare_ref import reference_run
 
                 argv = ["--model", model, "--config", config, *[a for v in set_ for a in ("--set", v)],
                         "--episodes", str(episodes or 8), "--steps", str(steps or 2), "--html-chars", html_chars,
@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
                     f"{r['stage']}={r['ratio']:.2f}x" for r in rows)
             print(last)
             return
-        from webrl_core.bench.train import run as run_train
+        from benchmarks.train import run as run_train
         run_train(episodes=episodes or 16, steps=steps or 4, html_chars=chars,
                   batch_size=batch_size, micro_batch_size=micro_batch_size or None, seed=seed,
                   threads=threads, out=out)

@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
                        _words(policy, "--policy", ("oracle", "hf")),
                        _words(serving, "--serving", ("shared", "per_shard")), shard_size, cpus_per_node)
             return
-        from webrl_core.bench.rollout import bench_rollout
+        from benchmarks.rollout import bench_rollout
 
         target = target or "miniwob"
         episodes = episodes or 40
@@ -106,7 +106,7 @@ def _table(title: str, cols: list[tuple[str, str, str]], rows: list[dict]):
 
 
 def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int], episodes: int) -> None:
-    from webrl_core.bench.rollout import bench_model_rollout
+    from benchmarks.rollout import bench_model_rollout
     from webrl_core.config_loader import load_config
     from webrl_core.hardware import cpu_summary
 
@@ -138,7 +138,7 @@ def _bench_ray(console, settings, target: str, n_envs: str | None, episodes: int
                policies: list[str], servings: list[str], shard_size: int, cpus_per_node: int) -> None:
     import os
 
-    from webrl_core.bench.rollout import bench_engines
+    from benchmarks.rollout import bench_engines
 
     if target != "embedded":
         raise typer.BadParameter(f"--target {target!r}: --engine ray rolls out the embedded sites' tasks (a phase's "

@@ -11,5 +11,5 @@ def register(app: typer.Typer) -> None:
                     phases: int = typer.Option(5, min=1, help="phases to spread episodes over"),
                     out: str = typer.Option(None, help="keep the store in this run dir (default: temp, deleted)")):
         """Time appends and the replay query over N synthetic steps with 2-4 KB observations."""
-        from webrl_core.bench.store import run
+        from benchmarks.store import run
         run(n_steps=steps, phases=phases, out=out)

@@ -1,14 +1,14 @@
 """`webrl` with the fault benchmark's probes installed (``webrl bench faults`` starts its runs with this).
 
 ``WEBRL_FAULT_PROBES`` names the probes' folder and ``WEBRL_FAULT_HOLD`` the probe to hold
-(``webrl_core.bench.faults.install_probes``).
+(``benchmarks.faults.install_probes``).
 """
 
 from __future__ import annotations
 
 import os
 
-from webrl_core.bench.faults import HOLD_ENV, PROBE_ENV, install_probes
+from benchmarks.faults import HOLD_ENV, PROBE_ENV, install_probes
 
 
 def main() -> None:

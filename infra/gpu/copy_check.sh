@@ -20,7 +20,7 @@ run() {  # run OUT_JSON LR SIZE...
   shift 2
   "$py" - "$folder" "$json" "$lr" "$@" "--" "${sets[@]}" <<'PY'
 import sys
-from webrl_core.bench.copy import parse_size, run
+from benchmarks.copy import parse_size, run
 folder, out, lr, *rest = sys.argv[1:]
 cut = rest.index("--")
 run(folder, [parse_size(s) for s in rest[:cut]], [f"bootstrap.sft_lr={lr}", *rest[cut + 1:]], out)

@@ -30,7 +30,7 @@ for recipe in "${recipes[@]}"; do
     "${ACTORS:-/tmp/webrl-sft-curve-actors}/$label" <<'PY'
 import sys
 
-from webrl_core.bench.sft_curve import run_folder
+from benchmarks.sft_curve import run_folder
 
 folder, model, out, label, demos, batch, lr, epochs, budget, extra, actor_dir = sys.argv[1:]
 sets = ["models.device=cuda", "models.dtype=bfloat16", "policy.batch_size=128", f"actor.batch_size={batch}",

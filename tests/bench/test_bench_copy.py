@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from webrl_cli.main import app
-from webrl_core.bench.copy import _argument, parse_size, run
+from benchmarks.copy import _argument, parse_size, run
 from webrl_core.runs.store import TrajectoryStore
 from webrl_core.websites import is_success
 

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from webrl_cli.main import app
-from webrl_core.bench import op_profile as P
+from benchmarks import op_profile as P
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
@@ -73,7 +73,7 @@ def test_bench_rollout_model_through_a_served_engine(tiny_folder):
 def test_bench_train_model_compares_with_a_git_revision(tiny_folder, tmp_path):
     """--compare REF: REF's own code measures the stages first (a git worktree, a real subprocess), then this
     checkout's; the last line carries both and the ratio per stage, and the worktree is gone afterwards."""
-    from webrl_core.bench.compare_ref import REPO
+    from benchmarks.compare_ref import REPO
 
     out = tmp_path / "ours.json"
     res = CliRunner().invoke(app, ["bench", "train", "--model", str(tiny_folder), "--config", "smoke",

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from webrl_cli.main import app
 from webrl_core.pretrained import resolve_model_ref
-from webrl_core.bench.next_action import model_labels, run_actors
+from benchmarks.next_action import model_labels, run_actors
 from webrl_core.errors import MissingInput
 
 SETS = ["models.actor=smollm2-135m-instruct", "models.max_length=640", "prompt.style=chat",
@@ -59,8 +59,8 @@ def test_each_phase_and_a_named_model_on_the_same_steps(tmp_path):
 
 def test_marks_per_site_partition_the_steps():
     """Per-site marks count each step once, under its task's site; the overall share is their weighted mean."""
-    from webrl_core.bench.next_action import by_site
-    from webrl_core.bench.sft_curve import score
+    from benchmarks.next_action import by_site
+    from benchmarks.sft_curve import score
 
     click = 'do(action="Click", element="{}")'
     steps = [{"site": "reddit", "action": click.format(11)}, {"site": "reddit", "action": click.format(12)},

@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from webrl_cli.main import app
-from webrl_core.bench.orm import agreement, labelled_episodes, nested_balanced, roc_auc
+from benchmarks.orm import agreement, labelled_episodes, nested_balanced, roc_auc
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.errors import MissingInput
 from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer

@@ -5,7 +5,7 @@ import json
 from typer.testing import CliRunner
 
 from webrl_cli.main import app
-from webrl_core.bench.sft_curve import score, summarise
+from benchmarks.sft_curve import score, summarise
 
 CLICK = '# Element: Members\ndo(action="Click", element="8")'
 TYPE = '# Element: Username\ndo(action="Type", argument="vinta", element="9")'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from webrl_core.bench import op_profile as P
+from benchmarks import op_profile as P
 
 
 def test_kinds_of_operators():

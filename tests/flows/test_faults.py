@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from webrl_core.bench.faults import FAULT_NAMES, recovery, run_matrix, select, summarize
+from benchmarks.faults import FAULT_NAMES, recovery, run_matrix, select, summarize
 
 SMALL = ["eval.max_tasks=4"]
 

@@ -182,7 +182,7 @@ def test_launch_passes_mixed_precision_from_models_dtype(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# the memory table's counts (webrl_core.bench.memory)
+# the memory table's counts (benchmarks.memory)
 
 def _saved_bytes_per_layer_token(setting: str, lora_dropout: float = 0.0) -> float:
     """What autograd keeps per decoder layer and token, from torch's saved tensors (bf16 autocast on CPU): the
@@ -222,7 +222,7 @@ def _saved_bytes_per_layer_token(setting: str, lora_dropout: float = 0.0) -> flo
 def test_activation_formula_matches_torch_saved_tensors(setting, dropout):
     from transformers import LlamaConfig
 
-    from webrl_core.bench.memory import count_params, layer_bytes_per_token
+    from benchmarks.memory import count_params, layer_bytes_per_token
 
     c = count_params(LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=896, num_hidden_layers=1,
                                  num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False), 16)
@@ -234,7 +234,7 @@ def test_activation_formula_matches_torch_saved_tensors(setting, dropout):
 def test_parameter_counts_of_the_8b_models():
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from webrl_core.bench.memory import count_params, llama3_8b_config, memory_table
+    from benchmarks.memory import count_params, llama3_8b_config, memory_table
     from webrl_core.config import LoraConfig
 
     c = count_params(llama3_8b_config(), lora_r=16)

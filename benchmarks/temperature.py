@@ -5,8 +5,8 @@ A phase learns only from the successes of its own rollouts, and the curriculum a
 sometimes (the critic band of the WebRL paper, arXiv 2411.02337, Sec. 3.2: values in [0.05, 0.75]). Sampling
 hotter than the actor can bear turns a solvable task into a failure; greedy gives no spread across samples. For
 each temperature T in the sweep, the actor rolls out ``samples`` attempts of each of ``val_tasks`` validation tasks
-(the training pool, intents unlike the demonstrations'; never the held-out test set; ``bench.sft.validation_tasks``)
-and the sites' evaluators score them:
+(the training pool, intents unlike the demonstrations'; never the held-out test set;
+``benchmarks.sft.validation_tasks``) and the sites' evaluators score them:
 
     solve_rate(T) = (1 / (N * K)) * sum_{i <= N, k <= K} success(tau_{i,k} ~ pi_T)
     solved_sometimes(T) = share of tasks with 0 < successes < K        (only with K >= 2)
@@ -61,7 +61,7 @@ def plot(rows: list[dict], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from webrl_core.bench.publish import save_figure
+    from benchmarks.publish import save_figure
 
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     xs = [r["temperature"] for r in rows]
@@ -80,8 +80,8 @@ def run(settings, actor: str | None, run_dir: str | None, bench_dir: str, demos:
     """Sweep the actor (``actor`` folder, or ``run_dir``'s phase-0 actor); write OUT.json, OUT.png, an MLflow
     run in the bench dir; print the table."""
     from webrl_core.artifacts import read_json
-    from webrl_core.bench.publish import publish
-    from webrl_core.bench.sft import demo_tasks, validation_tasks
+    from benchmarks.publish import publish
+    from benchmarks.sft import demo_tasks, validation_tasks
     from webrl_core.errors import MissingInput
     from webrl_core.hardware import cpu_summary
 
@@ -108,7 +108,7 @@ def run(settings, actor: str | None, run_dir: str | None, bench_dir: str, demos:
 
 
 def _print(result: dict) -> None:
-    from webrl_core.bench.publish import print_table
+    from benchmarks.publish import print_table
 
     def sometimes(r: dict) -> str:
         return "-" if r["solved_sometimes"] is None else f"{100 * r['solved_sometimes']:.0f}%"

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.table import Table
 
 from webrl_core.learn.advantage import cap_beta, official_advantage, official_beta, reference_prob
-from webrl_core.bench.score import _page, _response
+from benchmarks.score import _page, _response
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic

@@ -16,7 +16,7 @@ embedding, L layers, d hidden size, and N_t, L_t the trained part (``models.trai
                                              before and after the stages
 
 Tokens/s counts the tokens of the sequences trained (prompt and action). The official per-sample actor update
-(``bench.train.official_stage``) runs on the same samples for the ratio official/ours. Peak RSS per stage is the
+(``benchmarks.train.official_stage``) runs on the same samples for the ratio official/ours. Peak RSS per stage is the
 process's high-water mark, reset before each stage (``/proc/self/clear_refs``).
 """
 
@@ -31,8 +31,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from webrl_core.bench.op_profile import KINDS, copy_bandwidth, limit_seconds, profiled, unavoidable_bytes
-from webrl_core.bench.train import matmul_peak_flops, official_stage, synthetic_trajectories
+from benchmarks.op_profile import KINDS, copy_bandwidth, limit_seconds, profiled, unavoidable_bytes
+from benchmarks.train import matmul_peak_flops, official_stage, synthetic_trajectories
 from webrl_core.config_loader import load_config
 from webrl_core.hardware import device_summary
 from webrl_core.learn.models import encode_prompt_action, load_tokenizer, torch_dtype

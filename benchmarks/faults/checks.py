@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from webrl_core.agent.rollout_policy import rollout_identity
-from webrl_core.bench.faults.probes import PHASE
+from benchmarks.faults.probes import PHASE
 from webrl_core.runs.rundir import model_ref
 
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from webrl_core.bench.faults.catalog import Fault
-from webrl_core.bench.faults.checks import check, collect
-from webrl_core.bench.faults.probes import HOLD_ENV, PHASE, PROBE_ENV, _times, stage_durations
-from webrl_core.bench.faults.procs import browser_pids, browsers_with_pages, descendants, kill_tree, sites_pids
+from benchmarks.faults.catalog import Fault
+from benchmarks.faults.checks import check, collect
+from benchmarks.faults.probes import HOLD_ENV, PHASE, PROBE_ENV, _times, stage_durations
+from benchmarks.faults.procs import browser_pids, browsers_with_pages, descendants, kill_tree, sites_pids
 
 
 def _env(root: Path, probes: Path | None = None, hold: str | None = None) -> dict:

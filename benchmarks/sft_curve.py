@@ -3,7 +3,7 @@ compare recipes in one session (a point is one greedy pass over ``val_steps`` st
 
 Data: oracle episodes of ``demos`` training tasks (the SFT pairs, as the bootstrap makes them) and of
 ``val_tasks`` validation tasks of the training pool whose intents are not among the demonstrations' (never the
-held-out test set; ``bench.sft.validation_tasks``). Both are stored in the bench run dir and reused. Each step
+held-out test set; ``benchmarks.sft.validation_tasks``). Both are stored in the bench run dir and reused. Each step
 keeps its ingredients (intent, past responses, page HTML, oracle response), so the prompts are rendered in the
 configured ``prompt.*`` format (``prompts.prompt_format``) at every call: layouts compare on the same steps.
 
@@ -77,7 +77,7 @@ def collect(settings, run_dir: str, demos: int, val_tasks: int) -> tuple[list[di
     """Oracle demonstrations' and validation tasks' steps (stored in ``run_dir`` and reused by later calls), and the
     demonstrated intents (validation tasks never repeat one)."""
     from webrl_core.artifacts import read_json
-    from webrl_core.bench.sft import demo_tasks, validation_tasks
+    from benchmarks.sft import demo_tasks, validation_tasks
     from webrl_core.pipeline import experience
     from webrl_core.runs.store import TrajectoryStore
 
@@ -229,7 +229,7 @@ def confirm(settings, run_dir: str, actor_dir: Path, demo_intents: set[str], n_t
     """Task success of the trained actor: greedy rollouts (``policy.eval_temperature``) on ``n_tasks`` validation
     tasks, scored by the sites' evaluators, with prompts in the run's format."""
     from webrl_core.artifacts import ArtifactRef
-    from webrl_core.bench.sft import validation_tasks
+    from benchmarks.sft import validation_tasks
     from webrl_core.pipeline import experience
 
     val_ref = validation_tasks(settings, run_dir, n_tasks, demo_intents)

@@ -48,7 +48,7 @@ def export(settings, run_dir: str | Path, demos: int, val_tasks: int, out: str |
     """Run the bootstrap stages for ``demos`` oracle demonstrations and ``val_tasks`` validation tasks and write
     the portable folder ``out`` (module docstring)."""
     from webrl_core.artifacts import read_json
-    from webrl_core.bench.sft import validation_tasks
+    from benchmarks.sft import validation_tasks
     from webrl_core.learn.models import load_tokenizer
     from webrl_core.pipeline import bootstrap, experience, task_sets
     from webrl_core.sites.data import entity_kinds

@@ -24,7 +24,7 @@ import random
 import time
 from pathlib import Path
 
-from webrl_core.bench.sft_curve import MARKS, collect, plot_marks, score, share_of, summarise
+from benchmarks.sft_curve import MARKS, collect, plot_marks, score, share_of, summarise
 
 SITE_MARKS = ("exact", "grounding")
 """The marks logged per site (``exact_<site>``, ``grounding_<site>``) beside the overall ones."""
@@ -90,7 +90,7 @@ def run(settings, run_dir: str | None, models: list[str], bench_dir: str, demos:
     MLflow run in the bench dir, print the table."""
     from rich.progress import track
 
-    from webrl_core.bench.publish import publish
+    from benchmarks.publish import publish
     from webrl_core.errors import MissingInput
     from webrl_core.hardware import cpu_summary
 

@@ -8,8 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from webrl_core.bench.faults.catalog import FAULTS, FAULT_NAMES, Fault
-from webrl_core.bench.faults.harness import Harness
+from benchmarks.faults.catalog import FAULTS, FAULT_NAMES, Fault
+from benchmarks.faults.harness import Harness
 
 
 def select(names: str | None) -> list[Fault]:

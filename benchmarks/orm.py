@@ -189,7 +189,7 @@ def plot(result: dict, path: Path, title: str) -> Path:
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 
-    from webrl_core.bench.publish import save_figure
+    from benchmarks.publish import save_figure
 
     fig, ax = plt.subplots(figsize=(6, 3.8))
     xs = [r["train_episodes"] for r in result["rows"]]
@@ -214,7 +214,7 @@ def plot(result: dict, path: Path, title: str) -> Path:
 def run(settings, train_runs: list[str], test_runs: list[str], sizes: list[int], base: str | None,
         bench_dir: str, out: str | Path, unseen_tasks: bool = True) -> dict:
     """The curve; writes OUT.json and OUT.png, logs an MLflow run in the bench dir, prints the table."""
-    from webrl_core.bench.publish import publish
+    from benchmarks.publish import publish
     from webrl_core.hardware import cpu_summary
 
     if not sizes or any(n < 2 for n in sizes):
@@ -231,7 +231,7 @@ def run(settings, train_runs: list[str], test_runs: list[str], sizes: list[int],
 
 
 def _print(result: dict) -> None:
-    from webrl_core.bench.publish import print_table
+    from benchmarks.publish import print_table
 
     print_table(f"webrl bench orm: {result['test_episodes']} test episodes ({result['test_yes']} solved), "
                 f"P(YES) >= {result['threshold']} ({result['cpu']})",

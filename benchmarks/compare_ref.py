@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]  # the checkout: benchmarks/ sits at its top
 
 
 def _git(*args: str, cwd: Path = REPO) -> str:

@@ -53,8 +53,8 @@ Modules: ``catalog`` (the faults), ``probes``, ``procs`` (process trees), ``harn
 (facts and checks), ``matrix`` (the entry point).
 """
 
-from webrl_core.bench.faults.catalog import FAULT_NAMES, FAULTS, Fault
-from webrl_core.bench.faults.probes import HOLD_ENV, PROBE_ENV, install_probes, stage_durations
-from webrl_core.bench.faults.matrix import as_json, recovery, run_matrix, select, summarize
+from benchmarks.faults.catalog import FAULT_NAMES, FAULTS, Fault
+from benchmarks.faults.probes import HOLD_ENV, PROBE_ENV, install_probes, stage_durations
+from benchmarks.faults.matrix import as_json, recovery, run_matrix, select, summarize
 
 __all__ = ["FAULT_NAMES", "FAULTS", "Fault", "HOLD_ENV", "PROBE_ENV", "install_probes", "stage_durations", "as_json", "recovery", "run_matrix", "select", "summarize"]

@@ -15,7 +15,8 @@ and likewise ``element`` (the id, on steps that act on an element), ``typed_args
 response names the oracle's element). A phase that undoes the start shows as exact_k < exact_0 by more than the
 sampling noise (about sqrt(p(1-p)/N): +-4.5 points at p = 0.6, N = 120). The marks are also reported per site of
 the steps' tasks (``by_site``; MLflow ``exact_<site>``, ``grounding_<site>``): a start that passes on average can
-still miss one site's pages, as the S2 starts ground the forum list of the reddit clone.
+still miss one site's pages, as the 2-epoch entity-swap starts ground the reddit clone's forum list
+(docs/notebook/grounding.md).
 """
 
 from __future__ import annotations

@@ -262,7 +262,8 @@ def train_curve(settings, tok, pairs: list[tuple[str, str]], distinct_pairs: int
     ``every_epochs`` places a point every that many epochs of the ``distinct_pairs`` instead of ``every`` steps."""
     from webrl_core.learn.sft_augment import sft_passes
     from webrl_core.learn.models import encode_prompt_action
-    from webrl_core.learn.training import actor_micro_batches, sft_train
+    from webrl_core.learn.sft_trainer import sft_train
+    from webrl_core.learn.trainer_utils import actor_micro_batches
 
     train_pairs, epochs = sft_passes(settings, pairs)  # entity-swapped passes as the bootstrap's SFT makes them
     lengths = [len(encode_prompt_action(tok, p, a, settings.models.max_length)["input_ids"]) for p, a in train_pairs]

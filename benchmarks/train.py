@@ -42,9 +42,10 @@ from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic
 from webrl_core.learn.models import (autocast_context, build_embedded_model, encode_prompt, encode_prompt_action,
                                      load_causal_lm, load_tokenizer, n_params, train_embedded_tokenizer)
-from webrl_core.prompts import build_prompt
-from webrl_core.learn.training import actor_micro_batches, train_actor
+from webrl_core.learn.trainer_utils import actor_micro_batches
 from webrl_core.learn.transitions import build_transitions
+from webrl_core.learn.webrl_trainer import train_actor
+from webrl_core.prompts import build_prompt
 
 
 def matmul_peak_flops(n: int = 2048, reps: int = 5, rounds: int = 3, dtype: torch.dtype = torch.float32,

@@ -35,9 +35,11 @@ from benchmarks.op_profile import KINDS, copy_bandwidth, limit_seconds, profiled
 from benchmarks.train import matmul_peak_flops, official_stage, synthetic_trajectories
 from webrl_core.config_loader import load_config
 from webrl_core.hardware import device_summary
+from webrl_core.learn.critic_trainer import train_critic
 from webrl_core.learn.models import encode_prompt_action, load_tokenizer, torch_dtype
-from webrl_core.learn.training import sft_train, train_actor, train_critic
+from webrl_core.learn.sft_trainer import sft_train
 from webrl_core.learn.transitions import build_transitions
+from webrl_core.learn.webrl_trainer import train_actor
 
 def reset_peak_rss() -> None:
     try:

@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from prefect import get_run_logger
 
-from tasks.stages import StageRun
+from tasks.stages import StageRun, task_for
 from webrl_core.pipeline import validate
 from webrl_core.runs import runlock, tracking
 from webrl_core.artifacts import ArtifactRef
@@ -28,8 +28,9 @@ from webrl_core.runs.rundir import library_source_digest, model_ref, results_dir
 class RunContext:
     """One run of a flow: the resolved settings, the run directory and its run id.
 
-    ``run(task, *args)`` calls a stage's Prefect task with what it gets of the run (the config sections its stage
-    declares, run dir, run id); ``run.submit(task, *args)`` does the same concurrently and returns the future.
+    ``run(stage, *args)`` calls the Prefect task of a stage (a ``webrl_core.pipeline`` function; tasks/stages.py
+    declares its task) with what it gets of the run (the config sections the stage declares, run dir, run id);
+    ``run.submit(stage, *args)`` does the same concurrently and returns the future.
     The task's result, and so its cache, is stored in the run dir (``<run_dir>/.prefect-results``): whichever
     process runs the flow (the CLI, a worker started anywhere) finds the cache of the run dir it works on.
     ``with run.record(*results):`` is the flow's MLflow run (see ``record``)."""
@@ -41,17 +42,18 @@ class RunContext:
     params: dict = field(default_factory=dict)
     started: float = field(default_factory=time.time)
 
-    def __call__(self, stage_task: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._in_run_dir(stage_task)(self.stage_run(stage_task), *args, **kwargs)
+    def __call__(self, stage: Callable, *args: Any, **kwargs: Any) -> Any:
+        return self._task(stage)(self.stage_run(stage), *args, **kwargs)
 
-    def submit(self, stage_task: Any, *args: Any, **kwargs: Any) -> Any:
-        return self._in_run_dir(stage_task).submit(self.stage_run(stage_task), *args, **kwargs)
+    def submit(self, stage: Callable, *args: Any, **kwargs: Any) -> Any:
+        return self._task(stage).submit(self.stage_run(stage), *args, **kwargs)
 
-    def _in_run_dir(self, stage_task: Any) -> Any:
-        return stage_task.with_options(result_storage=results_dir(self.run_dir))  # a Path: a local folder
+    def _task(self, stage: Callable) -> Any:
+        # the stage's cached task, its result kept in the run dir (a Path: a local folder)
+        return task_for(stage).with_options(result_storage=results_dir(self.run_dir))
 
-    def stage_run(self, stage_task: Any) -> StageRun:
-        return StageRun.of(self.settings, self.run_dir, self.run_id, stage_task.stage)
+    def stage_run(self, stage: Callable) -> StageRun:
+        return StageRun.of(self.settings, self.run_dir, self.run_id, task_for(stage).stage)
 
     def model(self, phase: int, name: str) -> ArtifactRef:
         """The published model ``name`` (actor, critic, orm) of a phase of this run."""

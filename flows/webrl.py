@@ -1,4 +1,5 @@
-"""WebRL's flows. A phase is one flow whose steps are cached Prefect tasks (tasks/stages.py).
+"""WebRL's flows. A phase is one flow whose steps are cached Prefect tasks: ``run(stage, ...)`` runs the task
+tasks/stages.py declares for a stage function of ``webrl_core.pipeline``.
 
     webrl-bootstrap  phase 0: oracle demos -> tokenizer -> SFT actor -> SFT/random rollouts labelled by the
                      sites -> ORM -> critic init -> baseline evaluation
@@ -15,9 +16,9 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from flows.context import RunContext, open_run
 from flows.review import review_tasks
-from tasks import stages
 from webrl_core.runs import report, tracking
 from webrl_core.artifacts import ArtifactRef, read_json
+from webrl_core.pipeline import bootstrap, evaluation, experience, generation, task_sets, updates
 from webrl_core.pipeline.experience import merge_rollouts
 from webrl_core.pipeline.validate import check_phase_count
 from webrl_core.agent.rollout_policy import needs_server, phase_policy_digest
@@ -29,7 +30,7 @@ def rollout(run: RunContext, phase: int, purpose: str, tasks_ref, actor_ref, tem
     """A rollout of a task set (``samples_per_task`` episodes per task), as ``bootstrap.n_shards`` concurrent shards
     (one when the actor is served: one engine per rollout, which batches the requests of all its browsers)."""
     n = 1 if needs_server(run.settings, actor_ref, purpose) else run.settings.bootstrap.n_shards
-    shards = [run.submit(stages.rollout_shard, phase, purpose, tasks_ref, actor_ref, temperature, i, n,
+    shards = [run.submit(experience.rollout, phase, purpose, tasks_ref, actor_ref, temperature, i, n,
                          samples_per_task) for i in range(n)]
     return merge_rollouts([shard.result() for shard in shards])
 
@@ -39,63 +40,63 @@ def webrl_bootstrap(config: str = "demo", run_dir: str | None = None, overrides:
     """Phase 0 for the embedded default (or existing SFT/ORM checkpoints for real models)."""
     with open_run(config, overrides, run_dir, "bootstrap", "webrl-bootstrap") as run:
         boot, metrics = run.settings.bootstrap, {}
-        test_set = run(stages.test_set)
+        test_set = run(task_sets.test_task_set)
         settings = run.settings
         if settings.bootstrap_from_checkpoints():  # a real model: SFT on its data, or an SFT checkpoint as is
             if boot.sft_data:
-                actor, sft_metrics = run(stages.sft_from_data, ArtifactRef.of(settings.models.actor, "model"),
+                actor, sft_metrics = run(bootstrap.sft_from_data, ArtifactRef.of(settings.models.actor, "model"),
                                          ArtifactRef.of(boot.sft_data))
                 metrics.update({f"sft_{k}": v for k, v in sft_metrics.items()})
             else:
-                actor = run(stages.adopt_actor, ArtifactRef.of(boot.sft_actor, "model"))
+                actor = run(bootstrap.adopt_actor, ArtifactRef.of(boot.sft_actor, "model"))
             orm = ArtifactRef.of(settings.models.orm, "model")
             if settings.curriculum.seed_tasks:  # the SFT actor on the original training tasks: phase 1's failures
-                seeds = run(stages.seed_tasks, ArtifactRef.of(settings.curriculum.seed_tasks))
+                seeds = run(task_sets.seed_task_set, ArtifactRef.of(settings.curriculum.seed_tasks))
                 seed_rollouts = rollout(run, 0, "bootstrap", seeds, actor, settings.policy.temperature)
-                seed_labels = run(stages.label_with_env, seed_rollouts)
+                seed_labels = run(experience.label_with_env, seed_rollouts)
                 metrics.update(seed_rollout_success_rate=seed_labels["success_rate"],
                                seed_rollout_episodes=seed_labels["n"], seed_rollout_unscored=seed_labels["unscored"])
             else:
                 get_run_logger().warning("curriculum.seed_tasks is empty: phase 1 will have no failures to evolve "
                                          "new tasks from and will stop; give a WebArena-Lite-format task file")
         else:
-            demo_tasks = run(stages.train_pool, boot.demo_tasks, 1, "demo_tasks")
+            demo_tasks = run(task_sets.train_task_pool, boot.demo_tasks, 1, "demo_tasks")
             demos = rollout(run, 0, "oracle", demo_tasks, None, 0.0)
-            metrics["oracle_success_rate"] = run(stages.label_with_env, demos)["success_rate"]
+            metrics["oracle_success_rate"] = run(experience.label_with_env, demos)["success_rate"]
             if boot.sft_actor:  # a checkpoint (say one `webrl bench sft-curve` trained) in the SFT stage's place
-                actor = run(stages.adopt_actor, ArtifactRef.of(boot.sft_actor, "model"))
+                actor = run(bootstrap.adopt_actor, ArtifactRef.of(boot.sft_actor, "model"))
             else:
                 if settings.models.actor:  # a pretrained LLM (the default: SmolLM2-135M-Instruct) is fine-tuned
                     init = ArtifactRef.of(settings.models.actor, "model")
                 else:  # from scratch: a tokenizer of the run's own corpus and a small random model
-                    init = run(stages.init_embedded_actor, run(stages.build_tokenizer, demos))
-                actor, sft_metrics = run(stages.sft_actor, init, demos)
+                    init = run(bootstrap.init_embedded_actor, run(bootstrap.build_tokenizer, demos))
+                actor, sft_metrics = run(bootstrap.sft_actor, init, demos)
                 metrics.update({f"sft_{k}": v for k, v in sft_metrics.items()})
-            sft_tasks = run(stages.train_pool, boot.rollout_tasks, 2, "sft_rollout_tasks")
+            sft_tasks = run(task_sets.train_task_pool, boot.rollout_tasks, 2, "sft_rollout_tasks")
             sft_rollouts = rollout(run, 0, "bootstrap", sft_tasks, actor, run.settings.policy.temperature)
-            metrics["sft_rollout_success_rate"] = run(stages.label_with_env, sft_rollouts)["success_rate"]
+            metrics["sft_rollout_success_rate"] = run(experience.label_with_env, sft_rollouts)["success_rate"]
             labelled = [demos, sft_rollouts]
             if boot.random_tasks:
-                random_tasks = run(stages.train_pool, boot.random_tasks, 3, "random_tasks")
+                random_tasks = run(task_sets.train_task_pool, boot.random_tasks, 3, "random_tasks")
                 random_rollouts = rollout(run, 0, "random", random_tasks, None, 1.0)
-                run(stages.label_with_env, random_rollouts)
+                run(experience.label_with_env, random_rollouts)
                 labelled.append(random_rollouts)
             if boot.early_exit_tasks:  # the first demonstrated tasks again, by the oracle that quits early
-                early_tasks = run(stages.train_pool, boot.early_exit_tasks, 1, "early_exit_tasks")
+                early_tasks = run(task_sets.train_task_pool, boot.early_exit_tasks, 1, "early_exit_tasks")
                 early_rollouts = rollout(run, 0, "early-exit", early_tasks, None, 0.0)
-                metrics["early_exit_success_rate"] = run(stages.label_with_env, early_rollouts)["success_rate"]
+                metrics["early_exit_success_rate"] = run(experience.label_with_env, early_rollouts)["success_rate"]
                 labelled.append(early_rollouts)
-            orm, orm_metrics = run(stages.train_orm, labelled, actor)
+            orm, orm_metrics = run(bootstrap.train_orm, labelled, actor)
             metrics.update(orm_metrics)
-        critic = run(stages.init_critic, actor)
-        evaluation, eval_metrics = run(stages.evaluate, 0, actor, test_set)
+        critic = run(bootstrap.init_critic, actor)
+        eval_ref, eval_metrics = run(evaluation.evaluate, 0, actor, test_set)
         metrics.update(eval_metrics)
-        with run.record(actor, orm, critic, evaluation, metrics):
+        with run.record(actor, orm, critic, eval_ref, metrics):
             tracking.log_metrics(metrics, step=0)
             create_markdown_artifact(report.publish_phase(run.run_dir, 0, metrics), key="webrl-phase-0",
                                      description="bootstrap summary")
         get_run_logger().info("bootstrap done: test success %.3f", eval_metrics["test_success_rate"])
-        return {"actor": actor, "orm": orm, "critic": critic, "eval": evaluation, "metrics": metrics}
+        return {"actor": actor, "orm": orm, "critic": critic, "eval": eval_ref, "metrics": metrics}
 
 
 @flow(name="webrl-phase", log_prints=True)
@@ -107,50 +108,50 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
         actor_prev, critic_prev = run.model(k - 1, "actor"), run.model(k - 1, "critic")
         sft_actor = run.model(0, "actor")
         orm = ArtifactRef.of(settings.models.orm, "model") if settings.models.orm else run.model(0, "orm")
-        test_set = run(stages.test_set)
+        test_set = run(task_sets.test_task_set)
 
         # 1. self-evolving curriculum: new tasks from phase k-1's failures, kept by the critic's value window
         failures_of = "bootstrap" if k == 1 else "rollout"
         failures_state = labelled_state(run.run_dir, k - 1, phase_policy_digest(settings, run.run_dir, k - 1))
-        candidates, generation = run(stages.generate_tasks, k, failures_of, rerun_when=failures_state)
-        kept, filtering = run(stages.filter_tasks, k, candidates, critic_prev, k > 1, orm)
+        candidates, generation_stats = run(generation.generate_tasks, k, failures_of, rerun_when=failures_state)
+        kept, filtering = run(generation.filter_tasks, k, candidates, critic_prev, k > 1, orm)
         if settings.curriculum.human_review:
             kept = review_tasks(run.run_dir, k, kept, settings.curriculum.review_timeout_s,
                                 settings.curriculum.review_default)
-        tasks = run(stages.materialise_tasks, k, kept)
+        tasks = run(task_sets.materialise_tasks, k, kept)
 
         # 2. experience: actor k-1 acts on the new tasks; the ORM labels the outcome
         rollouts = rollout(run, k, "rollout", tasks, actor_prev, settings.policy.temperature,
                            settings.curriculum.rollouts_per_task)
-        labels = run(stages.orm_label, k, rollouts, orm)
+        labels = run(experience.orm_label, k, rollouts, orm)
 
         # 3. training data: the phase's transitions + perplexity-filtered replay of earlier successes
-        samples, sample_stats = run(stages.phase_transitions, k, rollouts, rerun_when=labels)
-        replay, replay_stats = run(stages.replay_transitions, k, actor_prev, samples)
+        samples, sample_stats = run(experience.phase_transitions, k, rollouts, rerun_when=labels)
+        replay, replay_stats = run(experience.replay_transitions, k, actor_prev, samples)
 
         # 4. updates: critic first, then the actor against actor k-1 as the KL reference
-        critic, critic_stats = run(stages.update_critic, k, samples, replay, sft_actor, critic_prev)
-        actor, actor_stats = run(stages.update_actor, k, samples, replay, actor_prev, critic)
+        critic, critic_stats = run(updates.update_critic, k, samples, replay, sft_actor, critic_prev)
+        actor, actor_stats = run(updates.update_actor, k, samples, replay, actor_prev, critic)
 
         # 5. the new actor on the held-out test set
-        evaluation, eval_metrics = run(stages.evaluate, k, actor, test_set)
+        eval_ref, eval_metrics = run(evaluation.evaluate, k, actor, test_set)
 
         n_tasks = len(read_json(tasks))
-        metrics = {**generation, **filtering, "kept_by_review": n_tasks,
+        metrics = {**generation_stats, **filtering, "kept_by_review": n_tasks,
                    # the curriculum's yield: the share of the phase's episodes on its kept tasks that the
                    # evaluators say actor k-1 solved (per task when curriculum.rollouts_per_task is 1)
                    "kept_solve_rate": labels["env_successes"] / max(1, rollouts["n"]),
                    "rollout_episodes": rollouts["n"], "rollout_errors": rollouts["errors"], **labels,
                    **sample_stats, **replay_stats, **{f"critic_{n}": v for n, v in critic_stats.items()},
                    **{f"actor_{n}": v for n, v in actor_stats.items()}, **eval_metrics}
-        with run.record(actor, critic, evaluation, metrics):
+        with run.record(actor, critic, eval_ref, metrics):
             tracking.log_metrics(metrics, step=k)
             create_markdown_artifact(report.publish_phase(run.run_dir, k, metrics, actor_ref=actor),
                                      key=f"webrl-phase-{k}", description=f"phase {k} summary")
         create_table_artifact(report.results_table(run.run_dir), key=f"webrl-success-phase-{k}",
                               description="test success per site")
         get_run_logger().info("phase %d done: test success %.3f", k, eval_metrics["test_success_rate"])
-        return {"actor": actor, "critic": critic, "eval": evaluation, "metrics": metrics}
+        return {"actor": actor, "critic": critic, "eval": eval_ref, "metrics": metrics}
 
 
 @flow(name="webrl-train", log_prints=True)
@@ -180,8 +181,8 @@ def webrl_eval(config: str = "demo", model: str = "", run_dir: str | None = None
             raise ValueError("webrl eval: --model names the HF checkpoint folder to evaluate (policy.backend=hf)")
         actor = ArtifactRef.of(model, "model") if model else None
         name = f"model={actor.sha256[:12]}" if actor else f"model={run.settings.policy.backend}"
-        evaluation, eval_metrics = run(stages.evaluate, tag, actor, run(stages.test_set), name)
-        result = read_json(evaluation)
-        with run.record(evaluation, eval_metrics):
+        eval_ref, eval_metrics = run(evaluation.evaluate, tag, actor, run(task_sets.test_task_set), name)
+        result = read_json(eval_ref)
+        with run.record(eval_ref, eval_metrics):
             tracking.log_metrics({**eval_metrics, "policy_digest": result["policy_digest"]})
     return {"eval": result, "metrics": eval_metrics}

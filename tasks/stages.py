@@ -63,7 +63,25 @@ def stage_task(stage_fn: Callable, name: str, rerun_when: bool = False, hide: tu
     run_stage.stage = stage_fn
     t = task(name=name, cache_policy=StageCode(), persist_result=True, **options)(run_stage)
     t.stage = stage_fn
+    TASKS[_qualified(stage_fn)] = t
     return t
+
+
+TASKS: dict[str, Any] = {}
+"""``module.name`` of a stage function -> its task."""
+
+
+def _qualified(fn: Callable) -> str:
+    return f"{fn.__module__}.{fn.__name__}"
+
+
+def task_for(stage_fn: Callable) -> Any:
+    """The task of a stage function (the flows name stages by their library function; a wrapper that keeps its
+    name and module, as the fault harness's probes do, finds the same task)."""
+    try:
+        return TASKS[_qualified(stage_fn)]
+    except KeyError:
+        raise KeyError(f"{_qualified(stage_fn)} has no Prefect task: declare one in tasks/stages.py") from None
 
 
 train_pool = stage_task(task_sets.train_task_pool, "task-pool")

@@ -117,11 +117,11 @@ def test_per_rank_settings_split_the_global_batch():
 
 
 def test_inprocess_dispatch_calls_the_trainers(monkeypatch, tmp_path):
-    from webrl_core.learn import training
+    from webrl_core.learn import critic_trainer, webrl_trainer
 
     calls = []
-    monkeypatch.setattr(training, "train_critic", lambda *a, **kw: calls.append(("critic", a, kw)) or {"ok": 1})
-    monkeypatch.setattr(training, "train_actor", lambda *a, **kw: calls.append(("actor", a, kw)) or {"ok": 2})
+    monkeypatch.setattr(critic_trainer, "train_critic", lambda *a, **kw: calls.append(("critic", a, kw)) or {"ok": 1})
+    monkeypatch.setattr(webrl_trainer, "train_actor", lambda *a, **kw: calls.append(("actor", a, kw)) or {"ok": 2})
     settings = load_config()
     assert launch.train_critic([{"x": 1}], "b", tmp_path, settings, resume="r") == {"ok": 1}
     # settings.training (the section the flows will carry) is used when no config is passed

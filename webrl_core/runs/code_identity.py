@@ -8,12 +8,14 @@ changes no result, and must not make a stored run train again. So the identity o
 
 where ``reach(stage)`` is the set of the library's top-level definitions (functions, classes, assignments) the
 stage's function refers to, directly or through the definitions it reaches, and ``normalise(d)`` is the
-definition's syntax tree (``ast.dump``) without docstrings and import statements. A reference is a name or an
-attribute name; it resolves to the definitions of that name in the referring module, else in the modules it
-imports, else in their imports (an over-approximation: two definitions of one name in scope are both reached).
-A string constant that is a library module's name (an f-string prefix such as ``webrl_core.sites.``) or a
-command's ``-m webrl_core.scale.launch`` reaches every definition of the modules it names: code started in another process counts.
-A module's statements that define nothing (``if __name__ == "__main__": ...``) belong to every definition of it.
+definition's syntax tree (``ast.dump``) without docstrings and import statements. A reference is a name, or an
+attribute of a name bound to a library module (``T.foo``); it resolves as Python binds it: to the referring
+module's definition of that name, else to what its import statements (anywhere in it) bind the name to, following
+re-exports; a name bound by several imports resolves to each. Names bound to nothing of the library (locals,
+builtins, other packages) reach nothing. A string constant that is a library module's name (an f-string prefix
+such as ``webrl_core.sites.``) or a command's ``-m webrl_core.scale.launch`` reaches every definition of the modules
+it names: code started in another process counts. A module's statements that define nothing (``if __name__ ==
+"__main__": ...``) belong to every definition of it.
 
 The module path of a definition is not part of its identity, so a stage keeps its identity through moves; a
 change to any line it can run (a body, a default, a decorator, a constant) gives it a new one, and a change to
@@ -37,7 +39,7 @@ MODULE_STRING = re.compile(r"^webrl_core(?:\.\w+)+\.?$|(?<=-m )webrl_core(?:\.\w
 @dataclass
 class _Module:
     name: str
-    aliases: dict[str, tuple[str, str | None]] = field(default_factory=dict)  # bound name -> (module, attribute)
+    aliases: dict[str, set[tuple[str, str | None]]] = field(default_factory=dict)  # name -> {(module, attribute)}
     unnamed: list[str] = field(default_factory=list)  # normalised statements that define no name
     defined: dict[str, list["_Definition"]] = field(default_factory=dict)
 
@@ -91,17 +93,19 @@ def _references(node: ast.AST) -> tuple[set[str], set[tuple[str, str]], set[str]
     return names, attributes, modules
 
 
-def _aliases(tree: ast.Module, name: str, is_package: bool, known: set[str]) -> dict[str, tuple[str, str | None]]:
-    """The names the module's import statements (anywhere in it) bind to library modules or their members:
-    ``import a.b as m`` -> (a.b, None); ``from a import b`` -> (a.b, None) if a.b is a module, else (a, b)."""
-    out: dict[str, tuple[str, str | None]] = {}
+def _aliases(tree: ast.Module, name: str, is_package: bool,
+             known: set[str]) -> dict[str, set[tuple[str, str | None]]]:
+    """The names the module's import statements (anywhere in it: a name a function imports is bound there too)
+    bind to library modules or their members: ``import a.b as m`` -> (a.b, None); ``from a import b`` -> (a.b, None)
+    if a.b is a module, else (a, b)."""
+    out: dict[str, set[tuple[str, str | None]]] = {}
     for n in ast.walk(tree):
         if isinstance(n, ast.Import):
             for a in n.names:
                 if a.asname and a.name in known:
-                    out[a.asname] = (a.name, None)
+                    out.setdefault(a.asname, set()).add((a.name, None))
                 elif not a.asname and a.name.split(".")[0] in known:
-                    out[a.name.split(".")[0]] = (a.name.split(".")[0], None)
+                    out.setdefault(a.name.split(".")[0], set()).add((a.name.split(".")[0], None))
         elif isinstance(n, ast.ImportFrom):
             base = n.module or ""
             if n.level:
@@ -111,7 +115,7 @@ def _aliases(tree: ast.Module, name: str, is_package: bool, known: set[str]) -> 
                 continue
             for a in n.names:
                 sub = f"{base}.{a.name}"
-                out[a.asname or a.name] = (sub, None) if sub in known else (base, a.name)
+                out.setdefault(a.asname or a.name, set()).add((sub, None) if sub in known else (base, a.name))
     return out
 
 
@@ -152,10 +156,10 @@ class CodeIndex:
             return []
         if name in m.defined:
             return m.defined[name]
-        if name in m.aliases:
-            target, attr = m.aliases[name]
-            return self._module_definitions(target) if attr is None else self._member(target, attr, depth + 1)
-        return []
+        out: list[_Definition] = []
+        for target, attr in sorted(m.aliases.get(name, ()), key=str):
+            out += self._module_definitions(target) if attr is None else self._member(target, attr, depth + 1)
+        return out
 
     def _module_definitions(self, module: str) -> list[_Definition]:
         # a module object passed around as a value: everything in it
@@ -163,13 +167,21 @@ class CodeIndex:
 
     def _resolve(self, d: _Definition) -> list[_Definition]:
         module = self.modules[d.module]
-        out = [x for n in d.names if n in module.defined or n in module.aliases
-               and module.aliases[n][1] is not None for x in self._member(d.module, n)]
-        for base, attr in d.attributes:
-            target = module.aliases.get(base)
-            if target and target[1] is None and base not in module.defined:
-                sub = f"{target[0]}.{attr}"
-                out += self._module_definitions(sub) if sub in self.modules else self._member(target[0], attr)
+        out: list[_Definition] = []
+        for n in d.names:  # a name: a definition of the module, or a member it imported (not a module itself)
+            if n in module.defined:
+                out += module.defined[n]
+            else:
+                for target, attr in module.aliases.get(n, ()):
+                    if attr is not None:
+                        out += self._member(target, attr)
+        for base, attr in d.attributes:  # module.attribute, through every module the name is bound to
+            if base in module.defined:
+                continue
+            for target, member in module.aliases.get(base, ()):
+                if member is None:
+                    sub = f"{target}.{attr}"
+                    out += self._module_definitions(sub) if sub in self.modules else self._member(target, attr)
         for prefix in d.modules:
             for m in self.modules:
                 if m == prefix or m.startswith(prefix.rstrip(".") + "."):

@@ -1,8 +1,7 @@
 """Training launcher: the critic, actor, SFT and ORM trainers in this process or as ``accelerate launch`` jobs.
 
 ``training.launcher: inprocess`` (default) calls the trainers directly (``webrl_core.learn``: the actor's
-``webrl_trainer.train_actor``, ``critic_trainer.train_critic``, ``sft_trainer.sft_train``, ``orm.train_orm``;
-imported through ``learn.training``, which re-exports them).
+``webrl_trainer.train_actor``, ``critic_trainer.train_critic``, ``sft_trainer.sft_train``, ``orm.train_orm``).
 ``training.launcher: accelerate`` runs the same function in ``training.num_processes`` ranks::
 
     <python> -m accelerate.commands.launch --config_file infra/accelerate/<accelerate_config>.yaml \\
@@ -77,10 +76,11 @@ def _training_config(settings, training: TrainingConfig | None) -> TrainingConfi
 def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path, settings,
                 critic_dir: str | Path | None = None, max_steps: int | None = None, progress: bool = True, *,
                 training: TrainingConfig | None = None, log: Log = print) -> dict:
-    """``training.train_actor`` in-process or as an accelerate job (``training`` defaults to ``settings.training``)."""
+    """``webrl_trainer.train_actor`` (the actor update: its loss and equations are there) in-process or as an
+    accelerate job (``training`` defaults to ``settings.training``)."""
     tc = _training_config(settings, training)
     if tc.launcher == "inprocess":
-        from webrl_core.learn import training as tr
+        from webrl_core.learn import webrl_trainer as tr
         return tr.train_actor(samples, actor_dir, out_dir, settings, critic_dir=critic_dir, max_steps=max_steps,
                               progress=progress)
     args = {"actor_dir": actor_dir, "out_dir": out_dir, "critic_dir": critic_dir, "max_steps": max_steps,
@@ -91,10 +91,10 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
 def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | Path, settings,
                  resume: str | Path | None = None, max_steps: int | None = None, *,
                  training: TrainingConfig | None = None, log: Log = print) -> dict:
-    """``training.train_critic`` in-process or as an accelerate job."""
+    """``critic_trainer.train_critic`` in-process or as an accelerate job."""
     tc = _training_config(settings, training)
     if tc.launcher == "inprocess":
-        from webrl_core.learn import training as tr
+        from webrl_core.learn import critic_trainer as tr
         return tr.train_critic(samples, backbone_dir, out_dir, settings, resume=resume, max_steps=max_steps)
     args = {"backbone_dir": backbone_dir, "out_dir": out_dir, "resume": resume, "max_steps": max_steps}
     return run_job("critic", samples, args, per_rank_settings(settings, "critic", tc.num_processes), tc, log)
@@ -103,10 +103,10 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
 def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str | Path, settings,
               max_steps: int | None = None, *, epochs: float | None = None, training: TrainingConfig | None = None,
               log: Log = print) -> dict:
-    """``training.sft_train`` in-process or as an accelerate job."""
+    """``sft_trainer.sft_train`` in-process or as an accelerate job."""
     tc = _training_config(settings, training)
     if tc.launcher == "inprocess":
-        from webrl_core.learn import training as tr
+        from webrl_core.learn import sft_trainer as tr
         return tr.sft_train(pairs, model_dir, out_dir, settings, max_steps=max_steps, epochs=epochs)
     args = {"model_dir": model_dir, "out_dir": out_dir, "max_steps": max_steps, "epochs": epochs}
     return run_job("sft", [list(p) for p in pairs], args, per_rank_settings(settings, "sft", tc.num_processes), tc,
@@ -387,16 +387,18 @@ def run_here(job: dict) -> Any:
     _init_distributed(device)
     _inject_fault()
     data = _read_jsonl(job["data"])
-    from webrl_core.learn import training as tr
-
     if kind == "actor":
+        from webrl_core.learn import webrl_trainer as tr
         metrics = tr.train_actor(data, settings=settings, **args)
     elif kind == "critic":
+        from webrl_core.learn import critic_trainer as tr
         metrics = tr.train_critic(data, settings=settings, **args)
     elif kind == "sft":
+        from webrl_core.learn import sft_trainer as tr
         metrics = tr.sft_train([tuple(p) for p in data], settings=settings, **args)
     elif kind == "orm":
         from webrl_core.learn import orm
+        from webrl_core.learn import trainer_utils as tr
 
         # orm.train_orm saves from every process: route its save through the gathering, rank-0 saver
         orm.save_model = tr.distributed_save_model(orm.save_model, args["base_model_dir"], models_cfg)

@@ -91,3 +91,25 @@ def test_the_library_stages_reach_their_own_code_only():
     assert len(adopt) < len(actor)
     with pytest.raises(KeyError, match="not a top-level definition"):
         index.reach("webrl_core.pipeline.updates", "no_such_stage")
+
+
+def test_renaming_a_local_keeps_the_identity_and_reusing_one_does_not_matter(tmp_path):
+    before = '''
+        def stage(xs):
+            v = sum(xs)
+            return [v * 2] + [v for v in xs]
+    '''
+    after = '''
+        def stage(xs):
+            total = sum(xs)
+            return [total * 2] + [x for x in xs]
+    '''
+    changed = '''
+        def stage(xs):
+            total = sum(xs)
+            return [total * 3] + [x for x in xs]
+    '''
+    ids = [_identity(tmp_path / str(i), {"stage.py": text}) for i, text in enumerate((before, after, changed))]
+    assert ids[0] == ids[1] != ids[2]
+    # a parameter's name is the callers' interface: renaming it is a change
+    assert ids[1] != _identity(tmp_path / "p", {"stage.py": after.replace("xs", "items")})

@@ -1,8 +1,8 @@
 """The self-evolving curriculum of a phase (paper Sec. 3.1): new instructions generated "in breadth" from the
 tasks the agent failed in phase k-1, then filtered by the critic: keep a task when the critic's value of its
-start page (the Round-0 prompt) lies in [``curriculum.filter_low``, ``filter_high``] (0.05 and 0.75 in the paper), so tasks
-are neither hopeless nor already solved. In phase 1 there is no trained critic yet: the filter is skipped, or
-uses the ORM's P(YES) on the start page (``curriculum.phase1_filter: orm``)."""
+start page (the Round-0 prompt) lies in [``curriculum.filter_low``, ``filter_high``] (0.05 and 0.75 in the paper),
+so tasks are neither hopeless nor already solved. In phase 1 there is no trained critic yet: the filter is skipped,
+or uses the ORM's P(YES) on the start page (``curriculum.phase1_filter: orm``)."""
 
 from __future__ import annotations
 
@@ -61,18 +61,18 @@ def generate_tasks(settings, run_dir: str, phase: int, seed_purpose: str) -> tup
     for r in seeds:
         by_site.setdefault(r["site"], []).append({"task_id": r["task_id"], "intent": r["intent"],
                                                    "config": json.loads(r["config_json"])})
-    cur = settings.curriculum
-    if cur.generator == "embedded":
-        gen = EmbeddedGenerator(vary_task, widen=widen_task, breadth=cur.breadth)
-    elif cur.generator == "openai":
-        gen = ChatGenerator(cur.base_url, cur.model_name, os.environ.get(cur.api_key_env),
-                            cur.generation_turns, cur.seed_num)
+    curriculum = settings.curriculum
+    if curriculum.generator == "embedded":
+        gen = EmbeddedGenerator(vary_task, widen=widen_task, breadth=curriculum.breadth)
+    elif curriculum.generator == "openai":
+        gen = ChatGenerator(curriculum.base_url, curriculum.model_name, os.environ.get(curriculum.api_key_env),
+                            curriculum.generation_turns, curriculum.seed_num)
     else:
-        gen = HFGenerator(cur.base_url or "", cur.model_name, None, cur.generation_turns, cur.seed_num,
-                          model_dir=cur.hf_model or "")
+        gen = HFGenerator(curriculum.base_url or "", curriculum.model_name, None, curriculum.generation_turns,
+                          curriculum.seed_num, model_dir=curriculum.hf_model or "")
     rng = random.Random(settings.run.seed * 7919 + phase)
     # over-generate so the filter can still keep tasks_per_phase
-    n_per_site = max(1, (2 * cur.tasks_per_phase) // max(1, len(by_site))) if by_site else 0
+    n_per_site = max(1, (2 * curriculum.tasks_per_phase) // max(1, len(by_site))) if by_site else 0
     cands = gen.generate(by_site, rng, n_per_site)
     # de-duplicate against the tasks of earlier phases (train pools, test set, earlier generations), not against
     # this phase's own earlier output: a re-run must generate the same tasks again
@@ -114,7 +114,7 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
     ``min_kept_fraction`` of ``tasks_per_phase`` with the nearest dropped ones, site by site; at most
     ``tasks_per_phase``."""
     cands = read_json(candidates_ref)
-    cc, cur = settings.critic, settings.curriculum
+    critic_settings, curriculum = settings.critic, settings.curriculum
     how = "critic"
     fmt = prompt_format(settings)
     if not cands:
@@ -125,27 +125,29 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
                                  compat=fmt)
                    for t in cands]
         critic = Critic.load(critic_ref.path, settings.models.dtype, settings.models.device, settings.models.max_length)
-        v, p1, p2 = critic.values(prompts, batch_size=cc.batch_size)
-        kept, dropped = filter_by_value(cands, list(zip(v.tolist(), p1.tolist(), p2.tolist())), cur.filter_low,
-                                        cur.filter_high)
-    elif cur.phase1_filter == "orm" and orm_ref is not None:
+        value, p_head1, p_head2 = critic.values(prompts, batch_size=critic_settings.batch_size)
+        kept, dropped = filter_by_value(cands, list(zip(value.tolist(), p_head1.tolist(), p_head2.tolist())),
+                                        curriculum.filter_low, curriculum.filter_high)
+    elif curriculum.phase1_filter == "orm" and orm_ref is not None:
         how = "orm"
         pages = start_page_html(settings, cands)
         scorer = OrmScorer(orm_ref.path, settings.orm, settings.models)
-        p = scorer.p_yes([build_orm_prompt(t["intent"], [], pages.get(t["start_url"], ""), settings.orm.max_html_chars,
-                                           compat=fmt)
-                          for t in cands])
-        kept, dropped = filter_by_value(cands, [(x, x, x) for x in p], cur.filter_low, cur.filter_high)
+        p_yes = scorer.p_yes([build_orm_prompt(t["intent"], [], pages.get(t["start_url"], ""),
+                                               settings.orm.max_html_chars, compat=fmt)
+                              for t in cands])
+        kept, dropped = filter_by_value(cands, [(x, x, x) for x in p_yes], curriculum.filter_low,
+                                        curriculum.filter_high)
     else:
         how = "skip (no trained critic in phase 1)"
         kept, dropped = list(cands), []
     n_passed = len(kept)
     valued = [t for t in kept + dropped if "critic_value" in t]  # every candidate the filter scored (none: skipped)
-    kept = top_up(kept, dropped, math.ceil(cur.min_kept_fraction * cur.tasks_per_phase), cur.filter_low,
-                  cur.filter_high)
+    kept = top_up(kept, dropped, math.ceil(curriculum.min_kept_fraction * curriculum.tasks_per_phase),
+                  curriculum.filter_low, curriculum.filter_high)
     rng = random.Random(settings.run.seed * 31 + phase)
     rng.shuffle(kept)
-    kept = top_up_sites(kept[: cur.tasks_per_phase], dropped, cur.min_kept_per_site, cur.filter_low, cur.filter_high)
+    kept = top_up_sites(kept[: curriculum.tasks_per_phase], dropped, curriculum.min_kept_per_site,
+                        curriculum.filter_low, curriculum.filter_high)
     kept = sorted(kept, key=lambda t: t["task_id"])
     key = output_key(settings, candidates_ref, critic_ref, trained_critic, orm_ref)
     ref = write_json_version(kept, phase_dir(run_dir, "tasks", phase) / "filtered.json", key)

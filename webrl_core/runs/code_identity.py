@@ -8,7 +8,8 @@ changes no result, and must not make a stored run train again. So the identity o
 
 where ``reach(stage)`` is the set of the library's top-level definitions (functions, classes, assignments) the
 stage's function refers to, directly or through the definitions it reaches, and ``normalise(d)`` is the
-definition's syntax tree (``ast.dump``) without docstrings and import statements. A reference is a name, or an
+definition's syntax tree (``ast.dump``) without docstrings and import statements, its functions' local variables
+renamed by order of first binding (renaming a local changes nothing it computes). A reference is a name, or an
 attribute of a name bound to a library module (``T.foo``); it resolves as Python binds it: to the referring
 module's definition of that name, else to what its import statements (anywhere in it) bind the name to, following
 re-exports; a name bound by several imports resolves to each. Names bound to nothing of the library (locals,
@@ -62,6 +63,40 @@ def _strip(node: ast.AST) -> ast.AST:
             continue
         n.body = [s for s in body if not isinstance(s, (ast.Import, ast.ImportFrom)) and not _is_docstring(s)] \
             or [ast.Pass()]
+    return node
+
+
+COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+
+
+def _rename_locals(node: ast.AST, depth: int = 0) -> ast.AST:
+    """``node`` with the local variables of every function and comprehension (each its own scope, as in Python)
+    renamed by order of first binding (``_v<depth>_<i>``): a local's name is not what the code computes.
+    Parameters, globals and attributes keep their names (a caller, or another module, sees those)."""
+    for child in ast.iter_child_nodes(node):
+        _rename_locals(child, depth + isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                                                         *COMPREHENSIONS)))
+    if isinstance(node, COMPREHENSIONS):
+        binders: list[ast.AST] = [n for g in node.generators for n in ast.walk(g.target)]
+        keep: set[str] = set()
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        a = node.args
+        keep = {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None}
+        keep |= {n for s in ast.walk(node) if isinstance(s, (ast.Global, ast.Nonlocal)) for n in s.names}
+        binders = list(ast.walk(node))
+    else:
+        return node
+    order: dict[str, str] = {}
+    for n in binders:
+        bound = n.id if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load) else \
+            n.name if isinstance(n, ast.ExceptHandler) else None
+        if bound and bound not in keep and not bound.startswith("_v") and bound not in order:
+            order[bound] = f"_v{depth}_{len(order)}"
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and n.id in order:
+            n.id = order[n.id]
+        elif isinstance(n, ast.ExceptHandler) and n.name in order:
+            n.name = order[n.name]
     return node
 
 
@@ -141,6 +176,7 @@ class CodeIndex:
             for stmt in _strip(tree).body:
                 if isinstance(stmt, ast.Pass):
                     continue
+                _rename_locals(stmt)
                 dump = ast.dump(stmt, annotate_fields=False)
                 defined = _defined_names(stmt)
                 if not defined:

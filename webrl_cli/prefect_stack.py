@@ -1,18 +1,18 @@
 """A local Prefect stack: server on 127.0.0.1, process work pool, deployments from infra/prefect.yaml, one worker;
-and the process-tree helpers that make `webrl serve ...` and the commands that run flows (`webrl demo`, `train`,
-`phase`, `eval`, ...: stop_tree_on_signals) leave nothing running behind them.
+and what makes `webrl serve ...` (watchdog) and the commands that run flows (`webrl demo`, `train`, `phase`, `eval`,
+...: stop_tree_on_signals) leave nothing running behind them.
 
 Stop order matters (stack.md P5): workers first (SIGINT, then a second SIGINT if it hangs), then the server.
 Every child is started in its own session (start_new_session=True) so that a Ctrl-C in the terminal reaches only
 `webrl serve`, which then stops the children in order; a child is stopped through its whole process group, since the
-servers fork workers of their own (MLflow runs uvicorn as a child process).
+servers fork workers of their own (MLflow runs uvicorn as a child process). The process trees are walked and stopped
+by webrl_core.scale.processes (psutil); the server is reached through Prefect's own client.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import select
 import signal
@@ -22,6 +22,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from webrl_core.scale.processes import Tree, alive, descendants, leads_group, stop_group, stop_tree, terminate
 
 REPO = Path(__file__).resolve().parent.parent
 POOL = "webrl-pool"
@@ -55,23 +57,31 @@ class PrefectStack:
         return subprocess.run([exe, *args], env=self.env(), cwd=REPO, capture_output=True, text=True, check=check,
                               timeout=timeout)
 
-    def start_server(self, timeout: float = 120) -> None:
-        import httpx  # here, not at the top: the watchdog process imports this module and needs only the stdlib
+    @contextlib.contextmanager
+    def client(self):
+        """Prefect's own (sync) client on this server. It retries what a busy server answers (the SQLite server says
+        503 while its database is locked) and, once it has connected, a refused connection."""
+        # here, not at the top: the watchdog process imports this module and needs only psutil
+        from prefect.client.orchestration import get_client
+        from prefect.settings import PREFECT_API_URL, temporary_settings
 
+        with temporary_settings({PREFECT_API_URL: self.api}), get_client(sync_client=True) as client:
+            yield client
+
+    def start_server(self, timeout: float = 120) -> None:
         exe = str(Path(sys.executable).parent / "prefect")
         log = open(self.home / "server.log", "a")
         self.server = subprocess.Popen([exe, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
                                        env=self.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         t0 = time.time()
-        while time.time() - t0 < timeout:
-            if self.server.poll() is not None:
-                raise RuntimeError(f"prefect server exited with {self.server.returncode}; see {self.home / 'server.log'}")
-            try:
-                if httpx.get(self.api + "/health", timeout=2).status_code == 200:
+        with self.client() as client:
+            while time.time() - t0 < timeout:
+                if self.server.poll() is not None:
+                    raise RuntimeError(f"prefect server exited with {self.server.returncode}; see "
+                                       f"{self.home / 'server.log'}")
+                if client.api_healthcheck() is None:
                     return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
+                time.sleep(0.5)
         raise TimeoutError(f"prefect server not healthy after {timeout}s; see {self.home / 'server.log'}")
 
     def deploy(self) -> None:
@@ -87,37 +97,23 @@ class PrefectStack:
 
     # A re-deploy replaces each deployment's schedules with those of prefect.yaml, where the nightly schedule is
     # paused: without this, every restart of `webrl serve prefect` would pause a schedule activated in the UI.
-    def _call(self, method: str, path: str, body: dict):
-        """One API call, retried as Prefect's client does: the SQLite server answers 503 while its database is
-        locked (a busy box)."""
-        import httpx
-
-        for attempt in range(6):
-            try:
-                r = httpx.request(method, self.api + path, json=body, timeout=30)
-                if r.status_code not in (429, 502, 503) or attempt == 5:
-                    r.raise_for_status()
-                    return r.json() if r.content else None
-            except httpx.TransportError:
-                if attempt == 5:
-                    raise
-            time.sleep(0.5 * 2 ** attempt)
-
-    def _deployments(self) -> list[dict]:
-        return self._call("POST", "/deployments/filter", {})
-
     @staticmethod
-    def _schedule_key(deployment: dict, sched: dict) -> str:
-        return f"{deployment['id']}:{json.dumps(sched['schedule'], sort_keys=True)}"
+    def _schedule_key(deployment, sched) -> str:
+        return f"{deployment.id}:{sched.schedule.model_dump_json()}"
 
     def _active_schedules(self) -> set[str]:
-        return {self._schedule_key(d, s) for d in self._deployments() for s in d.get("schedules") or [] if s["active"]}
+        with self.client() as client:
+            return {self._schedule_key(d, s) for d in client.read_deployments() for s in d.schedules or []
+                    if s.active}
 
     def _reactivate(self, keys: set[str]) -> None:
-        for d in self._deployments() if keys else []:
-            for s in d.get("schedules") or []:
-                if not s["active"] and self._schedule_key(d, s) in keys:
-                    self._call("PATCH", f"/deployments/{d['id']}/schedules/{s['id']}", {"active": True})
+        if not keys:
+            return
+        with self.client() as client:
+            for d in client.read_deployments():
+                for s in d.schedules or []:
+                    if not s.active and self._schedule_key(d, s) in keys:
+                        client.update_deployment_schedule(d.id, s.id, active=True)
 
     def start_worker(self) -> None:
         exe = str(Path(sys.executable).parent / "prefect")
@@ -128,7 +124,7 @@ class PrefectStack:
     def stop(self) -> None:
         # The snapshot comes first: a process that left its group (the process worker starts each flow run in a session
         # of its own) is found only through its parent links, which break once the worker exits.
-        tree = {}
+        tree: Tree = {}
         for p in (self.worker, self.server):
             if p is not None:
                 tree.update(descendants(p.pid))
@@ -162,100 +158,7 @@ def set_repo_directory() -> dict[str, str]:
     return {"directory": str(repo)}
 
 
-# ---- process trees (Linux: read from /proc; elsewhere only the process groups are stopped) ----
-
-def _stat(pid: int) -> tuple[int, int, str, int] | None:
-    """(ppid, process group, state, start time in clock ticks) of `pid`, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2:].split()  # the command name in (...) may contain spaces
-    return int(fields[1]), int(fields[2]), fields[0], int(fields[19])
-
-
-def _processes() -> dict[int, tuple[int, int, str, int]]:
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return {}
-    return {int(n): st for n in names if n.isdigit() and (st := _stat(int(n))) is not None}
-
-
-def descendants(root: int) -> dict[int, int]:
-    """Every live process below `root`, as pid -> start time (the start time tells a reused pid from the original)."""
-    children: dict[int, list[int]] = {}
-    procs = _processes()
-    for pid, st in procs.items():
-        children.setdefault(st[0], []).append(pid)
-    out, todo = {}, [root]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if procs[c][2] != "Z":
-                out[c] = procs[c][3]
-            todo.append(c)
-    return out
-
-
-def _alive(pid: int, start: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[3] == start and st[2] != "Z"
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group runs. Zombies do not count: an orphan's zombie is reaped by init, which in some
-    containers never happens, and it holds no port or memory."""
-    procs = _processes()
-    if procs:
-        return any(st[1] == pgid and st[2] != "Z" for st in procs.values())
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
-
-
-def _wait_until(cond, timeout: float) -> bool:
-    t0 = time.monotonic()
-    while not cond():
-        if time.monotonic() - t0 > timeout:
-            return False
-        time.sleep(0.1)
-    return True
-
-
-def _killpg(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def stop_group(proc: subprocess.Popen | int, sig: int = signal.SIGTERM, timeout: float = 20.0) -> None:
-    """Stop the process group that `proc` leads (it was started with start_new_session=True): `sig` to every member,
-    up to `timeout` s for all of them to exit, then SIGKILL. The group, not the pid: a server that dies before the
-    workers it forked would leave them running, orphaned, on its port."""
-    pgid = proc if isinstance(proc, int) else proc.pid
-    _killpg(pgid, sig)
-    if not _wait_until(lambda: not _group_alive(pgid), timeout):
-        _killpg(pgid, signal.SIGKILL)
-        _wait_until(lambda: not _group_alive(pgid), 5)
-    if not isinstance(proc, int):
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)  # reap it
-
-
-def terminate(procs: dict[int, int], timeout: float = 10.0) -> None:
-    """SIGTERM to each process of `procs` (pid -> start time) that still runs, SIGKILL to those left after `timeout` s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid, start in procs.items():
-            if _alive(pid, start):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-        if _wait_until(lambda: not any(_alive(p, s) for p, s in procs.items()), timeout if sig == signal.SIGTERM else 5):
-            return
-
+# ---- nothing outlives the command ----
 
 @contextlib.contextmanager
 def watchdog(poll_s: float = 1.0):
@@ -286,39 +189,20 @@ def watchdog(poll_s: float = 1.0):
 def _watch(parent: int, poll_s: float, timeout: float = 10.0) -> None:
     fd = sys.stdin.fileno()
     me = os.getpid()
-    seen: dict[int, int] = {}
+    seen: Tree = {}
     while True:
         ready, _, _ = select.select([fd], [], [], poll_s)
         if ready and not os.read(fd, 4096):
             break  # EOF: the parent has exited
-        seen = {p: s for p, s in seen.items() if _alive(p, s)}
+        seen = {pid: p for pid, p in seen.items() if alive(p)}
         seen.update(descendants(parent))
         seen.pop(me, None)
     # Groups whose leader still runs, newest first (the worker before the server, as on an orderly stop); then the
     # recorded processes that remain, wherever they are.
-    leaders = [p for p, s in seen.items() if _alive(p, s) and (_stat(p) or (0, 0))[1] == p]
-    for pgid in sorted(leaders, key=seen.get, reverse=True):
-        stop_group(pgid, signal.SIGTERM, timeout)
+    leaders = [p for p in seen.values() if leads_group(p)]
+    for p in sorted(leaders, key=lambda p: p.create_time(), reverse=True):
+        stop_group(p.pid, signal.SIGTERM, timeout)
     terminate(seen, timeout)
-
-
-def stop_tree(procs: dict[int, int], timeout: float = 8.0) -> None:
-    """Stop every process of `procs` (pid -> start time) and every process group one of them leads, all at once:
-    SIGTERM, up to `timeout` s for all of them to exit, then SIGKILL."""
-    groups = {p for p, s in procs.items() if _alive(p, s) and (_stat(p) or (0, 0))[1] == p}
-
-    def gone() -> bool:
-        return not any(_alive(p, s) for p, s in procs.items()) and not any(_group_alive(g) for g in groups)
-
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        for g in groups:
-            _killpg(g, sig)
-        for pid, start in procs.items():
-            if _alive(pid, start):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-        if _wait_until(gone, wait):
-            return
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -363,7 +247,7 @@ def stop_tree_on_signals(grace_s: float = 3.0, stop_s: float = 4.0):
         return
     me = os.getpid()
     first: dict[str, int] = {}
-    seen: dict[int, int] = {}
+    seen: Tree = {}
     unwound = threading.Event()
     stopping = threading.Lock()
     reader, writer = socket.socketpair()

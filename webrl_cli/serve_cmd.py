@@ -53,9 +53,10 @@ def serve_mlflow(run_dir: str = typer.Option("runs/demo", help="run directory wh
     stops it (exit code 0)."""
     import subprocess
 
-    from webrl_cli.prefect_stack import descendants, stop_group, terminate, watchdog
+    from webrl_cli.prefect_stack import watchdog
 
     from webrl_core.errors import MissingInput
+    from webrl_core.scale.processes import descendants, stop_group, terminate
 
     run = Path(run_dir).resolve()
     if not run.is_dir():  # a typo would otherwise serve an empty UI from a new folder

@@ -1,54 +1,24 @@
-"""The processes of a run: its tree, its browsers and the embedded sites' server; killing a tree."""
+"""The processes of a run: its tree, its browsers and the embedded sites' server; killing a tree (on
+webrl_core.scale.processes)."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 
-
-def _proc_table() -> dict[int, tuple[int, str]]:
-    out = {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        out[int(d)] = (int(stat[stat.rindex(")") + 2:].split()[1]), cmd)
-    return out
+from webrl_core.scale import processes
 
 
 def descendants(pid: int) -> dict[int, str]:
-    """{pid: command line} of every process below ``pid``."""
-    table = _proc_table()
-    children: dict[int, list[int]] = {}
-    for p, (pp, _) in table.items():
-        children.setdefault(pp, []).append(p)
-    out, todo = {}, [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out[c] = table[c][1]
-            todo.append(c)
-    return out
+    """{pid: command line} of every live process below ``pid``."""
+    return {p: processes.command_line(proc) for p, proc in processes.descendants(pid).items()}
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL a flow and everything below it (its process group, then any descendant in another group)."""
-    below = descendants(proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    for p in below:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    below = processes.descendants(proc.pid)
+    processes.kill_group(proc.pid, signal.SIGKILL)
+    processes.signal_all(below, signal.SIGKILL)
     proc.wait()
 
 

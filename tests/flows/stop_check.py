@@ -35,7 +35,7 @@ def _cmdline(pid: int) -> str:
 
 def _marked(marker: str) -> dict[int, str]:
     """Every live process (not a zombie) whose environment holds `marker`."""
-    from webrl_cli.prefect_stack import _stat
+    from webrl_core.scale.processes import running
 
     out = {}
     for d in Path("/proc").iterdir():
@@ -45,8 +45,7 @@ def _marked(marker: str) -> dict[int, str]:
             env = (d / "environ").read_bytes()
         except OSError:
             continue
-        st = _stat(int(d.name))
-        if marker.encode() in env and st is not None and st[2] != "Z":
+        if marker.encode() in env and running(int(d.name)):
             out[int(d.name)] = _cmdline(int(d.name))[:160]
     return out
 
@@ -63,7 +62,7 @@ class Command:
                                          stderr=subprocess.STDOUT, start_new_session=True)
 
     def _record(self) -> None:
-        from webrl_cli.prefect_stack import descendants
+        from webrl_core.scale.processes import descendants
 
         self.tree.update(descendants(self.proc.pid))
 
@@ -90,7 +89,7 @@ class Command:
     def stop(self, sig: signal.Signals, exit_code: int | None = None) -> float:
         """`sig` to the command alone; asserts what the module docstring says (the exit code: `exit_code` if given)
         and returns the seconds it took."""
-        from webrl_cli.prefect_stack import _alive
+        from webrl_core.scale.processes import alive
 
         self._record()
         described = {p: _cmdline(p)[:160] for p in self.tree}
@@ -98,7 +97,7 @@ class Command:
             t0 = time.monotonic()
             os.kill(self.proc.pid, sig)
             while time.monotonic() - t0 < STOP_WITHIN_S:
-                left = {p: described[p] for p, s in self.tree.items() if _alive(p, s)}
+                left = {p: described[p] for p, proc in self.tree.items() if alive(proc)}
                 marked = _marked(self.marker)
                 if self.proc.poll() is not None and not left and not marked:
                     break
@@ -119,12 +118,12 @@ class Command:
 
     def kill_all(self) -> None:
         """Whatever happened, leave nothing behind: SIGKILL to the command, its recorded tree and the marked."""
-        from webrl_cli.prefect_stack import _alive
+        from webrl_core.scale.processes import alive
 
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        victims = [p for p, s in self.tree.items() if _alive(p, s)] + list(_marked(self.marker))
+        victims = [p for p, proc in self.tree.items() if alive(proc)] + list(_marked(self.marker))
         for p in victims:
             try:
                 os.kill(p, signal.SIGKILL)

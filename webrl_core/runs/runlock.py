@@ -6,14 +6,15 @@ from the CLI, a deployment run, a schedule or another worker, fails at once with
 the run dir and the holder (pid, host, flow, phase, Prefect flow run, start time); it never waits and never runs the
 phase a second time.
 
-The lock is ``flock(2)`` on an open file, so the kernel releases it when the holder exits, however it exits: a phase
-killed with ``kill -9`` (or a Prefect flow run cancelled, or a worker machine rebooted) leaves no stale lock behind and
-the next run, the resume, starts at once. The JSON note in the file (who holds it) is informational only; it is left
-behind after a release and is never what decides.
+The lock is filelock's ``FileLock``, ``flock(2)`` on an open file (its soft-marker fallback off: a marker would outlive
+a killed holder), so the kernel releases it when the holder exits, however it exits: a phase killed with ``kill -9``
+(or a Prefect flow run cancelled, or a worker machine rebooted) leaves no stale lock behind and the next run, the
+resume, starts at once. The JSON note in the file (who holds it) is informational only; it is left behind after a
+release and is never what decides.
 
 Re-entrant within one process: webrl-train runs webrl-bootstrap and webrl-phase as sub-flows in its own process, and
 their nested ``hold`` of the same run dir succeeds (the note then shows the sub-flow too). A forked child does not
-inherit the lock (its copy of the descriptor is closed after the fork), so it cannot outlive its parent's hold.
+inherit the lock (filelock closes its copy of the descriptor after the fork), so it cannot outlive its parent's hold.
 
 Across machines the lock works where the run dir's filesystem supports ``flock`` between hosts (local disks; NFSv4 and
 most cluster filesystems emulate it with POSIX locks); the note's host then says on which machine the holder runs.
@@ -33,6 +34,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 LOCK_NAME = ".lock"
 
 
@@ -46,8 +49,8 @@ class RunDirBusy(RuntimeError):
 
 
 class _Held:
-    def __init__(self, fd: int, pid: int, note: dict):
-        self.fd = fd
+    def __init__(self, lock: FileLock, pid: int, note: dict):
+        self.lock = lock
         self.pid = pid
         self.note = note
         self.stack: list[dict] = []  # nested holds (sub-flows) below the outermost one
@@ -58,13 +61,10 @@ _mutex = threading.RLock()
 
 
 def _after_fork_in_child() -> None:
-    # The child shares the parent's open file descriptions; closing its copies drops its references without releasing
-    # the parent's lock, and a child that outlives the parent then holds nothing.
+    # filelock closes the child's copies of the lock's descriptor (a child that outlives the parent holds nothing);
+    # the child holds no run dir.
     global _mutex
     _mutex = threading.RLock()
-    for h in _held.values():
-        with contextlib.suppress(OSError):
-            os.close(h.fd)
     _held.clear()
 
 
@@ -88,14 +88,21 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).astimezone().isoformat(timespec="seconds")
 
 
-def _write_note(h: _Held) -> None:
+def _write(rd: str, note: dict) -> None:
+    with contextlib.suppress(OSError):  # the note is informational: a full disk must not fail the flow
+        fd = os.open(Path(rd) / LOCK_NAME, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (json.dumps(note, sort_keys=True) + "\n").encode(), 0)
+        finally:
+            os.close(fd)
+
+
+def _write_note(rd: str, h: _Held) -> None:
     note = dict(h.note)
     if h.stack:
         note["now"] = [{"flow": n["flow"], "phase": n["phase"], "since": n["since"]} for n in h.stack]
-    data = (json.dumps(note, sort_keys=True) + "\n").encode()
-    with contextlib.suppress(OSError):  # the note is informational: a full disk must not fail the flow
-        os.ftruncate(h.fd, 0)
-        os.pwrite(h.fd, data, 0)
+    _write(rd, note)
 
 
 def read_note(run_dir: str | Path) -> dict:
@@ -117,7 +124,7 @@ def is_held(run_dir: str | Path) -> bool:
         fd = os.open(Path(rd) / LOCK_NAME, os.O_RDONLY)
     except FileNotFoundError:
         return False
-    try:
+    try:  # a shared probe (filelock has none): two probes at once do not take each other for a holder
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
@@ -183,23 +190,21 @@ def acquire(run_dir: str | Path, flow: str, phase: int | None = None) -> None:
         h = _held.get(rd)
         if h is not None and h.pid == os.getpid():
             h.stack.append(entry)
-            _write_note(h)
+            _write_note(rd, h)
             return
         Path(rd).mkdir(parents=True, exist_ok=True)
-        fd = os.open(Path(rd) / LOCK_NAME, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        lock = FileLock(Path(rd) / LOCK_NAME, blocking=False, thread_local=False, fallback_to_soft=False,
+                        preserve_lock_file=True)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
+            lock.acquire()
+        except Timeout:
             raise _busy(rd, flow, phase, _holder_note(rd)) from None
         note = {"pid": os.getpid(), "host": socket.gethostname(), "run_dir": rd, **entry}
         if os.environ.get("PREFECT__FLOW_RUN_ID"):  # set by Prefect workers in a deployment's flow-run process
             note["flow_run_id"] = os.environ["PREFECT__FLOW_RUN_ID"]
-        h = _Held(fd, os.getpid(), note)
+        h = _Held(lock, os.getpid(), note)
         _held[rd] = h
-        _write_note(h)
+        _write_note(rd, h)
 
 
 def release(run_dir: str | Path) -> None:
@@ -211,16 +216,11 @@ def release(run_dir: str | Path) -> None:
             raise RuntimeError(f"release of {rd}: this process does not hold its lock")
         if h.stack:
             h.stack.pop()
-            _write_note(h)
+            _write_note(rd, h)
             return
         del _held[rd]
-        with contextlib.suppress(OSError):
-            os.ftruncate(h.fd, 0)
-            os.pwrite(h.fd, (json.dumps({**h.note, "released": _now()}, sort_keys=True) + "\n").encode(), 0)
-        try:
-            fcntl.flock(h.fd, fcntl.LOCK_UN)
-        finally:
-            os.close(h.fd)
+        _write(rd, {**h.note, "released": _now()})
+        h.lock.release()
 
 
 @contextlib.contextmanager

@@ -113,3 +113,29 @@ def test_renaming_a_local_keeps_the_identity_and_reusing_one_does_not_matter(tmp
     assert ids[0] == ids[1] != ids[2]
     # a parameter's name is the callers' interface: renaming it is a change
     assert ids[1] != _identity(tmp_path / "p", {"stage.py": after.replace("xs", "items")})
+
+
+def test_a_data_file_the_code_names_beside_it_is_code(tmp_path):
+    """A page script or a template changes what the stage computes; a YAML config's values are its inputs; a package
+    named by a string (a config section called "env") is not data."""
+    stage = '''
+        from pathlib import Path
+
+        SCRIPT = (Path(__file__).with_name("page.js")).read_text()
+        SECTIONS = ("env",)
+
+        def stage():
+            return SCRIPT, Path(__file__).with_name("configs")
+    '''
+
+    def identity(root, script="return 1;", config="a: 1\n", env="X = 1\n"):
+        pkg = _package(root, {"stage.py": stage, "env/__init__.py": env})
+        (pkg / "page.js").write_text(script)
+        (pkg / "configs").mkdir()
+        (pkg / "configs" / "demo.yaml").write_text(config)
+        return CodeIndex(pkg).identity("webrl_core.stage", "stage")
+
+    base = identity(tmp_path / "a")
+    assert identity(tmp_path / "b", script="return 2;") != base
+    assert identity(tmp_path / "c", config="a: 2\n") == base
+    assert identity(tmp_path / "d", env="X = 2\n") == base  # not reached: a string naming a package is not code

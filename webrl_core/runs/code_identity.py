@@ -16,7 +16,8 @@ re-exports; a name bound by several imports resolves to each. Names bound to not
 builtins, other packages) reach nothing. A string constant that is a library module's name (an f-string prefix
 such as ``webrl_core.sites.``) or a command's ``-m webrl_core.scale.launch`` reaches every definition of the modules
 it names: code started in another process counts. A module's statements that define nothing (``if __name__ ==
-"__main__": ...``) belong to every definition of it.
+"__main__": ...``) belong to every definition of it, and so do the data files it names beside it (a page script,
+templates, a prompt format: ``_data_files``).
 
 The module path of a definition is not part of its identity, so a stage keeps its identity through moves; a
 change to any line it can run (a body, a default, a decorator, a constant) gives it a new one, and a change to
@@ -173,6 +174,7 @@ class CodeIndex:
         for name, f in files.items():
             tree = ast.parse(f.read_text(), str(f))
             module = self.modules[name] = _Module(name, _aliases(tree, name, f.name == "__init__.py", known))
+            module.unnamed += _data_files(tree, f.parent)
             for stmt in _strip(tree).body:
                 if isinstance(stmt, ast.Pass):
                     continue
@@ -252,6 +254,34 @@ class CodeIndex:
         """sha256 of every definition of the package, wherever it lives."""
         return _digest(list({id(d): d.dump for m in self.modules.values() for ds in m.defined.values()
                              for d in ds}.values()) + [s for m in self.modules.values() for s in m.unnamed])
+
+
+DATA_NAME = re.compile(r"^[\w-]+(\.[\w-]+)*$")
+NOT_CODE = (".py", ".pyc", ".yaml", ".yml")
+"""Suffixes a data file's digest leaves out: Python is read as code; YAML is configuration, whose values reach a
+stage as its inputs (the config sections it declares)."""
+
+
+def _data_files(tree: ast.Module, folder: Path) -> list[str]:
+    """The content of the data files a module names beside it (``with_name("observation.js")``, ``HERE /
+    "templates"``: a string constant that is the name of a file or folder in the module's folder): a page script,
+    a template or a prompt format is code the module runs. A folder counts with every file under it; a package (a
+    folder with an ``__init__.py``, say a config section called "env") is not data."""
+    out = []
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Constant) and isinstance(n.value, str) and DATA_NAME.match(n.value)):
+            continue
+        path = folder / n.value
+        if not path.exists() or (path / "__init__.py").exists():
+            continue
+        files = [x for x in (sorted(path.rglob("*")) if path.is_dir() else [path])
+                 if x.is_file() and x.suffix not in NOT_CODE]
+        if files:
+            h = hashlib.sha256()
+            for x in files:
+                h.update(x.relative_to(folder).as_posix().encode() + b"\0" + x.read_bytes() + b"\0")
+            out.append(f"data {h.hexdigest()}")
+    return sorted(set(out))
 
 
 def _digest(dumps: list[str]) -> str:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,7 +17,7 @@ from prefect.utilities.hashing import hash_objects
 
 from tasks import caching, stages
 from tasks.caching import StageCode
-from webrl_core.runs.code_identity import stage_identity
+from webrl_core.runs.code_identity import CodeIndex, stage_identity
 from webrl_core.config_loader import load_config
 from webrl_core.pipeline import stage as S
 from webrl_core.pipeline import task_sets
@@ -145,7 +148,7 @@ def test_the_recorded_cache_lineage_is_what_its_revision_computes():
         if subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{version['commit']}^{{commit}}"]).returncode:
             pytest.skip(f"revision {version['commit'][:12]} is not in this clone (shallow?)")
         renamed = {n: t["renamed"] for n, t in version["tasks"].items() if "renamed" in t}
-        assert caching.record_version(version["commit"], renamed) == version
+        assert _record_version(version["commit"], renamed) == version
 
 
 def test_a_stage_task_key_is_its_name_code_and_inputs(tmp_path):
@@ -157,3 +160,44 @@ def test_a_stage_task_key_is_its_name_code_and_inputs(tmp_path):
     assert key != StageCode().compute_key(SimpleNamespace(task=t), {**inputs, "phase": 2}, {})
     other = stages.update_critic
     assert key != StageCode().compute_key(SimpleNamespace(task=other), inputs, {})
+
+
+_LEGACY_KEYS_SCRIPT = """
+import inspect
+import json
+from prefect.utilities.hashing import hash_objects
+from tasks import stages
+from webrl_core.runs.rundir import library_source_digest
+tasks = {}
+for t in vars(stages).values():
+    if hasattr(t, "stage") and hasattr(t, "submit"):
+        tasks[t.name] = {"task_source_key": hash_objects(t.source_code, raise_on_failure=True),
+                         "parameters": list(inspect.signature(t.fn).parameters),
+                         "stage": [t.stage.__module__, t.stage.__name__]}
+print(json.dumps({"library_source_digest": library_source_digest(), "tasks": tasks}))
+"""
+
+
+def _record_version(commit: str, renamed: dict[str, dict[str, str]]) -> dict:
+    """The lineage entry of ``commit`` (a revision keyed the old way): each task's old source key and parameters,
+    and its stage's identity computed on that revision's library by this checkout's code_identity. ``renamed``:
+    task name -> {new parameter: old parameter}."""
+    repo = Path(caching.__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), commit], check=True,
+                       capture_output=True)
+        try:
+            out = subprocess.run([sys.executable, "-c", _LEGACY_KEYS_SCRIPT], cwd=tree, check=True,
+                                 capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(tree)})
+            version = json.loads(out.stdout)
+            index = CodeIndex(tree / "webrl_core")
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], capture_output=True)
+    commit_id = subprocess.run(["git", "-C", str(repo), "rev-parse", commit], check=True, capture_output=True,
+                               text=True).stdout.strip()
+    for name, task in version["tasks"].items():
+        task["stage_identity"] = index.identity(*task.pop("stage"))
+        if name in renamed:
+            task["renamed"] = renamed[name]
+    return {"commit": commit_id, **version}

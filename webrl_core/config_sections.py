@@ -303,11 +303,22 @@ class OrmConfig(Section):
 class RewardConfig(Section):
     """Where a phase's episodes get their outcome label (the reward every step of the episode receives)."""
 
-    source: Literal["orm", "env"] = Field(
+    source: Literal["orm", "env", "judge"] = Field(
         "orm", description="orm: the outcome reward model, success iff P(YES) >= orm.threshold (official code, "
         "what a real WebArena run without evaluators for generated tasks can use); env: the sites' own evaluators, "
-        "the environment's reward function of the paper's Algorithm 1 (every embedded task has one). The ORM "
-        "scores the episodes either way, so its accuracy against the evaluators is reported")
+        "the environment's reward function of the paper's Algorithm 1 (every embedded task has one); judge: PAE's "
+        "autonomous evaluator, a zero-shot judge of the intent, the actions, the final page and answer (reward."
+        "judge). The ORM scores the episodes either way, so its accuracy against the evaluators is reported")
+    judge: str | None = Field(
+        None, description="source=judge: an OpenAI-compatible endpoint (http://127.0.0.1:8000/v1; a GPU user serves "
+        "a strong LLM or VLM there) or a local model, a short name or HF folder (smollm2-135m-instruct), asked "
+        "zero-shot in-process")
+    judge_model: str = Field("gpt-4o-2024-05-13", description="source=judge with an endpoint: the model name")
+    judge_api_key_env: str = Field("OPENAI_API_KEY", description="env var holding the judge endpoint's API key")
+    judge_screenshots: int = Field(
+        0, ge=0, description="source=judge with an endpoint: the episode's last N screenshots sent as image parts "
+        "(PAE's evaluator reads the last 3); needs env.screenshots")
+    judge_max_html_chars: int = Field(3000, ge=100, description="characters of the final page in the judge's prompt")
 
 
 class MicroBatched(Section):
@@ -378,12 +389,20 @@ class ActorTrainConfig(MicroBatched):
 
     SECTION: ClassVar[str] = "actor"
     LOSS_FIELDS: ClassVar[tuple[str, ...]] = ("loss", "kl", "beta", "beta_low", "beta_high", "lam", "margin",
-                                              "paper_logratio", "count_norm")
+                                              "paper_logratio", "count_norm", "epsilon", "epsilon_high",
+                                              "loss_type", "num_iterations", "scale_rewards", "bc_length_quantile")
+    CRITIC_FREE: ClassVar[tuple[str, ...]] = ("grpo", "filtered_bc")
+    """Losses that need no critic: a recipe with one of them has no critic stage and no value filter."""
 
-    # -- the WebRL loss (training.webrl_actor_loss, advantage.py) --------------------------------
-    loss: Literal["paper", "official"] = Field("official", description="paper: Eq. 6 squared loss; official: repo's Huber rule")
+    # -- the actor loss (webrl_trainer.webrl_actor_loss, advantage.py; grpo.py) ------------------
+    loss: Literal["paper", "official", "grpo", "filtered_bc"] = Field(
+        "official", description="paper: Eq. 6 squared loss; official: repo's Huber rule; grpo: WebAgent-R1's "
+        "multi-turn GRPO (group-normalised episode rewards, clipped ratio, KL to the phase-start actor; no critic); "
+        "filtered_bc: PAE's filtered behaviour cloning (NLL of the successful episodes' actions; no critic)")
     kl: bool = Field(True, description="KL-constrained loss; False = plain SFT on the same data (Fig. 5 ablation)")
-    beta: float = Field(1.0, gt=0, description="KL coefficient for loss=paper (official uses 1/5 adaptively)")
+    beta: float = Field(1.0, ge=0, description="KL coefficient: loss=paper's beta (official uses 1/5 adaptively); "
+                        "loss=grpo: TRL GRPOConfig.beta, the weight of the k3 KL to the phase-start actor per action "
+                        "token (0: no KL term)")
     beta_low: float = Field(
         1.0, gt=0, description="loss=official: beta of the other samples (the repo: 1); a positive sample is pushed "
         "until its per-token log-ratio reaches A/beta, so a larger beta_low moves the steps the reference was unsure "
@@ -396,6 +415,22 @@ class ActorTrainConfig(MicroBatched):
         "sum", description="loss=paper: sequence log-ratio (sum, the paper's log pi(a|s)) or per-token mean")
     count_norm: Literal["sample", "batch"] = Field(
         "sample", description="loss=official: divide the log-ratio by the sample's action tokens (the repo at its batch 1) or the batch's")
+    epsilon: float = Field(0.2, gt=0, lt=1, description="loss=grpo: the ratio's clip range [1-epsilon, 1+epsilon_high] "
+                           "(TRL GRPOConfig.epsilon)")
+    epsilon_high: float | None = Field(None, gt=0, description="loss=grpo: the upper clip (TRL; DAPO: 0.28); None: "
+                                       "epsilon")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field(
+        "grpo", description="loss=grpo: how token losses are averaged (TRL GRPOConfig.loss_type): grpo, per action "
+        "then over the batch; bnpo and dapo, over the batch's action tokens; dr_grpo, over batch x "
+        "policy.max_new_tokens")
+    num_iterations: int = Field(1, ge=1, description="loss=grpo: passes over the phase's samples (TRL GRPOConfig."
+                                "num_iterations, mu): the ratio is against the policy that acted, the phase-start actor")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="loss=grpo: divide the group-centred reward by the group's std (WebAgent-R1, TRL's "
+        "default), the batch's, or not at all (Dr. GRPO)")
+    bc_length_quantile: float = Field(
+        0.2, gt=0, le=1, description="loss=filtered_bc: per task, keep the successful episodes no longer than this "
+        "quantile of their lengths (PAE's filteredbc top_p=0.2); 1 keeps every success")
 
     # -- optimisation (TrainingArguments) -------------------------------------------------------
     lr: float = Field(1e-4, gt=0, description="actor LR; paper 1e-6 for 8B; the tiny embedded model needs ~1e-4 to move")
@@ -410,8 +445,12 @@ class ActorTrainConfig(MicroBatched):
 
 
 class CurriculumConfig(Section):
-    generator: Literal["embedded", "openai", "hf"] = Field(
-        "embedded", description="embedded: vary failed tasks within site families; openai/hf: LLM in-breadth evolving")
+    generator: Literal["embedded", "openai", "hf", "propose", "train_pool"] = Field(
+        "embedded", description="embedded: vary failed tasks within site families; openai/hf: LLM in-breadth evolving "
+        "from failures; propose: PAE's context-aware proposer, tasks written from each site's name, description and "
+        "the entities its pages show, not from failures (an LLM when base_url or hf_model is set, else the embedded "
+        "proposer over all of a site's task families); train_pool: no curriculum, tasks_per_phase tasks drawn each "
+        "phase from the training task pool (WebAgent-R1 trains on WebArena-Lite's training tasks)")
     tasks_per_phase: int = Field(500, ge=1, description="tasks kept per phase after filtering (paper: 500)")
     rollouts_per_task: int = Field(
         1, ge=1, description="episodes the phase's actor samples on each kept task (official and paper: 1); more "

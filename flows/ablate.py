@@ -14,7 +14,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from flows.webrl import webrl_bootstrap, webrl_phase
-from webrl_core.experiments import ablation
+from webrl_core.experiments import ablation, recipe_comparison
 from webrl_core.runs import tracking
 from webrl_core.config_loader import load_config
 from webrl_core.pipeline.generation import NoSeedTasks
@@ -26,7 +26,8 @@ from webrl_core.pipeline import validate
 def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None = None,
                  variants: list[str] | None = None, run_dir: str | None = None,
                  overrides: list[str] | None = None, bootstrap_dir: str | None = None) -> dict:
-    """WebRL vs without replay vs without KL and replay, ``phases`` phases, every seed in ``seeds``; with
+    """WebRL vs without replay vs without KL and replay (or recipes: ``variants`` webrl, grpo, pae), ``phases``
+    phases, every seed in ``seeds``; with
     ``bootstrap_dir``, every variant forks that run's phase 0 instead of a bootstrap of its own."""
     seeds = [0, 1] if seeds is None else list(seeds)
     variants = list(ablation.VARIANTS) if variants is None else list(variants)
@@ -50,7 +51,8 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
             ablation.fork_bootstrap(boot, vdir)
             for k in range(1, phases + 1):
                 try:
-                    webrl_phase(config, k, str(vdir), [*seed_sets, *extra[v]])
+                    # the variant's own knobs, then the command's --set: a --set (say a smaller phase) wins
+                    webrl_phase(config, k, str(vdir), [f"run.seed={seed}", *extra[v], *overrides])
                 except (NoTrainingData, NoSeedTasks) as e:  # the variant cannot go on: its line ends here
                     stops.append({"variant": v, "seed": seed, "phase": k, "reason": f"{type(e).__name__}: {e}"})
                     log.warning("seed %d, %s stopped at phase %d: %s", seed, v, k, e)
@@ -63,8 +65,10 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
     plot = ablation.plot(summary, root / "ablation.png")
     report = root / "ablation.md"
     source = f", phase 0 of {shared}" if shared else ""
+    recipes = [v for v in variants if v not in ablation.VARIANTS or v == "webrl"]
+    compared = recipe_comparison.report_markdown(root, seeds, variants) if len(recipes) > 1 else ""
     report.write_text(f"# WebRL ablation ({config}, seeds {seeds}, {phases} phases{source})\n\n"
-                      f"Held-out test success (%), mean over seeds (min-max):\n\n{table}\n{order}\n")
+                      f"Held-out test success (%), mean over seeds (min-max):\n\n{table}\n{order}\n{compared}")
     with tracking.start_run(root, "webrl-ablate", config={"config": config, "phases": phases, "seeds": seeds,
                                                           "variants": variants, "overrides": overrides,
                                                           "bootstrap_dir": bootstrap_dir},

@@ -4,12 +4,17 @@ tasks/stages.py declares for a stage function of ``webrl_core.pipeline``.
     webrl-bootstrap  phase 0: oracle demos -> tokenizer -> SFT actor -> SFT/random rollouts labelled by the
                      sites -> ORM -> critic init -> baseline evaluation
     webrl-phase      phase k: generate -> filter -> (review) -> materialise -> rollouts -> ORM labels ->
-                     transitions -> replay -> critic -> actor -> export -> evaluation
+                     transitions -> replay -> critic -> actor -> export -> evaluation. The other recipes run the
+                     same flow (``--config grpo | pae``): a critic-free actor loss (``actor.loss: grpo``,
+                     WebAgent-R1's M-GRPO, or ``filtered_bc``, PAE's) has no critic stage and no value filter;
+                     ``reward.source: judge`` labels the episodes by a zero-shot judge instead of the ORM
     webrl-train      bootstrap (when needed) + N phases as sub-flows
     webrl-eval       a checkpoint on the test set, per-site success table
 """
 
 from __future__ import annotations
+
+import time
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -17,6 +22,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from flows.context import RunContext, open_run
 from flows.review import review_tasks
 from webrl_core.runs import report, tracking
+from webrl_core.config import ActorTrainConfig
+from webrl_core.experiments.recipes import recipe_of
 from webrl_core.artifacts import ArtifactRef, read_json
 from webrl_core.pipeline import bootstrap, evaluation, experience, generation, task_sets, updates
 from webrl_core.pipeline.experience import merge_rollouts
@@ -105,45 +112,60 @@ def webrl_phase(config: str = "demo", phase: int = 1, run_dir: str | None = None
     """One WebRL phase k >= 1 (Algorithm 1's loop body); reads actor/critic of phase k-1 and its failed tasks."""
     with open_run(config, overrides, run_dir, "phase", f"webrl-phase-{phase}", phase=phase) as run:
         settings, k = run.settings, phase  # k: the phase, as in Algorithm 1
-        actor_prev, critic_prev = run.model(k - 1, "actor"), run.model(k - 1, "critic")
+        with_critic = settings.actor.loss not in ActorTrainConfig.CRITIC_FREE
+        actor_prev = run.model(k - 1, "actor")
+        critic_prev = run.model(k - 1, "critic") if with_critic else None
         sft_actor = run.model(0, "actor")
         orm = ArtifactRef.of(settings.models.orm, "model") if settings.models.orm else run.model(0, "orm")
         test_set = run(task_sets.test_task_set)
 
-        # 1. self-evolving curriculum: new tasks from phase k-1's failures, kept by the critic's value window
+        # 1. self-evolving curriculum: new tasks from phase k-1's failures, kept by the critic's value window (the
+        # other recipes: tasks proposed from the sites' pages or drawn from the training pool; no value filter)
         failures_of = "bootstrap" if k == 1 else "rollout"
         failures_state = labelled_state(run.run_dir, k - 1, phase_policy_digest(settings, run.run_dir, k - 1))
         candidates, generation_stats = run(generation.generate_tasks, k, failures_of, rerun_when=failures_state)
-        kept, filtering = run(generation.filter_tasks, k, candidates, critic_prev, k > 1, orm)
+        kept, filtering = run(generation.filter_tasks, k, candidates, critic_prev, with_critic and k > 1, orm)
         if settings.curriculum.human_review:
             kept = review_tasks(run.run_dir, k, kept, settings.curriculum.review_timeout_s,
                                 settings.curriculum.review_default)
         tasks = run(task_sets.materialise_tasks, k, kept)
 
-        # 2. experience: actor k-1 acts on the new tasks; the ORM labels the outcome
+        # 2. experience: actor k-1 acts on the new tasks; the ORM (or the sites' evaluators, or a judge) labels them
         rollouts = rollout(run, k, "rollout", tasks, actor_prev, settings.policy.temperature,
                            settings.curriculum.rollouts_per_task)
-        labels = run(experience.orm_label, k, rollouts, orm)
+        if settings.reward.source == "judge":  # PAE's autonomous evaluator
+            labels = run(experience.judge_label, k, rollouts)
+        else:
+            labels = run(experience.orm_label, k, rollouts, orm)
 
         # 3. training data: the phase's transitions + perplexity-filtered replay of earlier successes
         samples, sample_stats = run(experience.phase_transitions, k, rollouts, rerun_when=labels)
         replay, replay_stats = run(experience.replay_transitions, k, actor_prev, samples)
 
-        # 4. updates: critic first, then the actor against actor k-1 as the KL reference
-        critic, critic_stats = run(updates.update_critic, k, samples, replay, sft_actor, critic_prev)
+        # 4. updates: critic first, then the actor against actor k-1 as the KL reference (a critic-free loss:
+        # the actor alone, its advantages from the episodes' rewards)
+        if with_critic:
+            critic, critic_stats = run(updates.update_critic, k, samples, replay, sft_actor, critic_prev)
+        else:
+            critic, critic_stats = None, {}
+            get_run_logger().info("phase %d: no critic stage (actor.loss=%s needs none)", k, settings.actor.loss)
         actor, actor_stats = run(updates.update_actor, k, samples, replay, actor_prev, critic)
 
         # 5. the new actor on the held-out test set
         eval_ref, eval_metrics = run(evaluation.evaluate, k, actor, test_set)
 
         n_tasks = len(read_json(tasks))
-        metrics = {**generation_stats, **filtering, "kept_by_review": n_tasks,
+        wall_s = report.phase_wall_time(run.run_dir, k, actor.sha256[:12], time.time() - run.started)
+        metrics = {"recipe": recipe_of(settings),
+                   "critic_stage": "trained" if with_critic else f"none (actor.loss={settings.actor.loss} needs no critic)",
+                   **generation_stats, **filtering, "kept_by_review": n_tasks,
                    # the curriculum's yield: the share of the phase's episodes on its kept tasks that the
                    # evaluators say actor k-1 solved (per task when curriculum.rollouts_per_task is 1)
                    "kept_solve_rate": labels["env_successes"] / max(1, rollouts["n"]),
                    "rollout_episodes": rollouts["n"], "rollout_errors": rollouts["errors"], **labels,
                    **sample_stats, **replay_stats, **{f"critic_{n}": v for n, v in critic_stats.items()},
-                   **{f"actor_{n}": v for n, v in actor_stats.items()}, **eval_metrics}
+                   **{f"actor_{n}": v for n, v in actor_stats.items()}, **eval_metrics,
+                   "actor_digest": actor.sha256[:12], "phase_wall_s": wall_s}
         with run.record(actor, critic, eval_ref, metrics):
             tracking.log_metrics(metrics, step=k)
             create_markdown_artifact(report.publish_phase(run.run_dir, k, metrics, actor_ref=actor),

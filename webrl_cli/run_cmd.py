@@ -110,7 +110,9 @@ def ablate(config: str = typer.Option("demo", help="config"),
            phases: int = typer.Option(4, help="WebRL phases per variant"),
            seeds: str = typer.Option("0,1", help="comma-separated run seeds; each gets its own bootstrap"),
            variants: str = typer.Option("webrl,no-replay,no-kl-no-replay",
-                                        help="comma-separated variants (webrl_core.experiments.ablation.VARIANTS)"),
+                                        help="comma-separated variants (webrl_core.experiments.ablation.VARIANTS) "
+                                        "or recipes (webrl,grpo,pae: webrl_core.experiments.recipes, compared "
+                                        "with their cost, per-site and paired tables)"),
            run_dir: Optional[str] = typer.Option(None, help="ablation directory (default <run.root>/<run.name>-ablate)"),
            bootstrap: Optional[str] = typer.Option(
                None, help="an existing run dir whose phase 0 every variant forks instead of a bootstrap of its own "

@@ -120,6 +120,27 @@ class WebRLSettings(Section):
                              f"prompt.observation: compact or compact_id_after, or bootstrap.sft_list_shuffle: 0)")
         return self
 
+    @model_validator(mode="after")
+    def _recipe_knobs_fit(self) -> WebRLSettings:
+        """The other recipes' knobs need their counterparts: GRPO a group per task, the judge reward a judge,
+        PAE's LLM-proposed tasks (which carry no evaluator) a reward that does not come from the evaluators."""
+        if self.actor.loss == "grpo" and self.curriculum.rollouts_per_task < 2:
+            raise ValueError("actor.loss=grpo normalises each episode's reward within its task's group: set "
+                             "curriculum.rollouts_per_task >= 2 (it is 1: every advantage would be 0)")
+        reward = self.reward
+        if reward.source == "judge" and not reward.judge:
+            raise ValueError("reward.source=judge needs reward.judge: an OpenAI-compatible endpoint "
+                             "(http://127.0.0.1:8000/v1) or a local model (smollm2-135m-instruct)")
+        if reward.judge_screenshots and not self.env.screenshots:
+            raise ValueError(f"reward.judge_screenshots={reward.judge_screenshots} sends the episode's last "
+                             f"screenshots to the judge: set env.screenshots: true to take them")
+        cur = self.curriculum
+        llm_proposer = cur.generator == "propose" and (cur.base_url or cur.hf_model)
+        if llm_proposer and reward.source == "env":
+            raise ValueError("curriculum.generator=propose with an LLM (curriculum.base_url / hf_model) writes tasks "
+                             "the sites' evaluators cannot score: set reward.source to judge (or orm)")
+        return self
+
     def run_dir(self) -> Path:
         return Path(self.run.root) / self.run.name
 

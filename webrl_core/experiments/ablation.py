@@ -47,10 +47,16 @@ def ablation_dir(settings: "WebRLSettings", run_dir: str | Path | None = None) -
 
 
 def variant_overrides(name: str) -> list[str]:
-    """The overrides of a known variant; ValueError naming the known ones otherwise."""
-    if name not in VARIANTS:
-        raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(VARIANTS)}")
-    return list(VARIANTS[name])
+    """The overrides of a known variant, or of a recipe (``recipes.RECIPES``: grpo, pae; compared from the same
+    start); ValueError naming the known ones otherwise."""
+    from webrl_core.experiments.recipes import RECIPES, recipe_overrides
+
+    if name in VARIANTS:
+        return list(VARIANTS[name])
+    if name in RECIPES:
+        return recipe_overrides(name)
+    raise ValueError(f"unknown ablation variant {name!r}; known: {', '.join(VARIANTS)}; recipes: "
+                     f"{', '.join(RECIPES)}")
 
 
 def _phase0_models(run_dir: Path) -> dict[str, Path]:

@@ -6,7 +6,9 @@ Inputs come from the run directory: ``config.yaml`` (the resolved config, seeds 
 re-computed from the stored trajectories: transitions -> replay selection -> critic -> actor, into
 ``<run_dir>/reproduce/phase=k``; each output is compared with the recorded one by sha256 (datasets) and by
 the largest absolute weight difference (models). With ``redo_rollouts`` the phase's tasks are rolled out
-again with the phase-start actor and the success rates are compared as well.
+again with the phase-start actor and the success rates are compared as well. A recipe without a critic
+(``actor.loss`` grpo or filtered_bc) has no critic to re-train or compare; a judge-labelled one
+(``reward.source: judge``) is labelled again by its judge.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from webrl_core.artifacts import ArtifactRef, read_json, sha256_path
+from webrl_core.config import ActorTrainConfig
 from webrl_core.config_loader import load_config
 from webrl_core.errors import BadInput, MissingInput
 from webrl_core.runs.rundir import model_ref
@@ -46,12 +49,20 @@ def max_weight_diff(a: str | Path, b: str | Path) -> float:
     return worst
 
 
-def recorded_outputs(run: Path, phase: int) -> dict[str, Path]:
-    """The outputs of a finished phase that a reproduction compares against."""
-    return {"samples": run / "data" / f"phase={phase}" / "samples.jsonl",
-            "replay": run / "data" / f"phase={phase}" / "replay.jsonl",
-            "critic": run / "models" / f"phase={phase}" / "critic",
-            "actor": run / "models" / f"phase={phase}" / "actor"}
+def recorded_outputs(run: Path, phase: int, with_critic: bool = True) -> dict[str, Path]:
+    """The outputs of a finished phase that a reproduction compares against (no critic for a critic-free loss)."""
+    out = {"samples": run / "data" / f"phase={phase}" / "samples.jsonl",
+           "replay": run / "data" / f"phase={phase}" / "replay.jsonl",
+           "critic": run / "models" / f"phase={phase}" / "critic",
+           "actor": run / "models" / f"phase={phase}" / "actor"}
+    if not with_critic:
+        del out["critic"]
+    return out
+
+
+def has_critic(settings) -> bool:
+    """Whether the recipe trains a critic (every WebRL loss does; GRPO and filtered BC do not)."""
+    return settings.actor.loss not in ActorTrainConfig.CRITIC_FREE
 
 
 def check_reproducible(run_dir: str | Path, phase: int) -> Path:
@@ -64,7 +75,8 @@ def check_reproducible(run_dir: str | Path, phase: int) -> Path:
         raise MissingInput(f"{run_dir}: no such run directory (give the run dir of a finished run, e.g. runs/demo)")
     if not (run / "config.yaml").is_file():
         raise MissingInput(f"{run_dir}: not a run directory (no config.yaml in it)")
-    missing = [str(p) for p in recorded_outputs(run, phase).values() if not p.exists()]
+    missing = [str(p) for p in recorded_outputs(run, phase, has_critic(load_config(run / "config.yaml"))).values()
+               if not p.exists()]
     if missing:
         raise MissingInput(f"{run_dir}: phase {phase} did not record {', '.join(missing)}; run it first (webrl phase "
                            f"--phase {phase} --run-dir {run_dir})")
@@ -73,7 +85,7 @@ def check_reproducible(run_dir: str | Path, phase: int) -> Path:
 
 def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False) -> dict:
     from webrl_core.agent.rollout_policy import rollout_identity
-    from webrl_core.env.rollout import plan_episode_ids
+    from webrl_core.env.rollout import default_attempts, plan_episode_ids
     from webrl_core.pipeline import experience, updates  # the stages (torch, transformers): after the checks
 
     run = check_reproducible(run_dir, phase)
@@ -86,32 +98,39 @@ def reproduce_phase(run_dir: str | Path, phase: int, redo_rollouts: bool = False
     for k in sorted({0, phase - 1}):
         _link(run / "models" / f"phase={k}", out / "models" / f"phase={k}")
     rd = str(out)
-    recorded = recorded_outputs(run, phase)
+    recorded = recorded_outputs(run, phase, has_critic(s))
     report: dict = {"phase": phase, "run_dir": str(run), "outputs": {}}
     tasks = read_json(run / "tasks" / f"phase={phase}" / "tasks.json")
     ident = rollout_identity(s, model_ref(run, phase - 1, "actor"), s.policy.temperature, "rollout")
-    rolls = {"episode_ids": sorted(plan_episode_ids(tasks, phase=phase, purpose="rollout", seed=s.run.seed, **ident))}
+    g = s.curriculum.rollouts_per_task  # each task's attempts 0..g-1, as the phase rolled them out
+    every = [t for t in tasks for _ in range(g)]
+    rolls = {"episode_ids": sorted(plan_episode_ids(every, phase=phase, purpose="rollout", seed=s.run.seed,
+                                                    attempts=default_attempts(every), **ident))}
     if redo_rollouts:
         tasks_ref = ArtifactRef.of(run / "tasks" / f"phase={phase}" / "tasks.json")
         (out / "store").unlink()  # a fresh store for the new rollouts (the link pointed at the recorded one)
         prev = model_ref(rd, phase - 1, "actor")
-        r = experience.rollout(s, rd, phase, "rollout", tasks_ref, prev, s.policy.temperature)
+        r = experience.rollout(s, rd, phase, "rollout", tasks_ref, prev, s.policy.temperature, samples_per_task=g)
         old = TrajectoryStore(run).sql(
             "SELECT avg(CASE WHEN env_score >= $t THEN 1.0 ELSE 0.0 END) AS r FROM episodes "
             "WHERE phase = $p AND purpose = 'rollout'", {"p": phase, "t": SUCCESS_THRESHOLD})[0]["r"]
         report["rollouts"] = {"recorded_env_success": old, "reproduced_env_success": r["env_success"] / max(1, r["n"])}
-        orm = ArtifactRef.of(run / "models" / "phase=0" / "orm")
-        experience.orm_label(s, rd, phase, r, orm)
+        if s.reward.source == "judge":
+            experience.judge_label(s, rd, phase, r)
+        else:
+            experience.orm_label(s, rd, phase, r, ArtifactRef.of(run / "models" / "phase=0" / "orm"))
         rolls = r
     samples, _ = experience.phase_transitions(s, rd, phase, rolls)
     replay, _ = experience.replay_transitions(s, rd, phase, model_ref(rd, phase - 1, "actor"), samples)
-    critic, _ = updates.update_critic(s, rd, phase, samples, replay, model_ref(rd, 0, "actor"),
-                                     model_ref(rd, phase - 1, "critic"))
+    critic = None
+    if has_critic(s):
+        critic, _ = updates.update_critic(s, rd, phase, samples, replay, model_ref(rd, 0, "actor"),
+                                         model_ref(rd, phase - 1, "critic"))
     actor, _ = updates.update_actor(s, rd, phase, samples, replay, model_ref(rd, phase - 1, "actor"), critic)
     for name, ref in (("samples", samples), ("replay", replay)):
         report["outputs"][name] = {"match": sha256_path(recorded[name]) == ref.sha256, "recorded": str(recorded[name]),
                                    "reproduced": ref.path}
-    for name, ref in (("critic", critic), ("actor", actor)):
+    for name, ref in (("critic", critic), ("actor", actor)) if critic is not None else (("actor", actor),):
         diff = max_weight_diff(recorded[name], ref.path)
         report["outputs"][name] = {"match": diff == 0.0, "max_abs_weight_diff": diff, "recorded": str(recorded[name]),
                                    "reproduced": ref.path}

@@ -56,10 +56,12 @@ def update_critic(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, 
 
 @stage("run", "models", "actor", "critic", "training")
 def update_actor(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, replay_ref: ArtifactRef,
-                 actor_ref: ArtifactRef, critic_ref: ArtifactRef) -> tuple[ArtifactRef, dict]:
-    """Actor k from actor k-1 (also the KL reference) with advantages from critic k."""
+                 actor_ref: ArtifactRef, critic_ref: ArtifactRef | None) -> tuple[ArtifactRef, dict]:
+    """Actor k from actor k-1 (also the KL reference) with advantages from critic k; a critic-free loss
+    (``actor.loss`` grpo or filtered_bc) takes ``critic_ref=None`` and its advantages from the episodes' rewards."""
     out = Path(run_dir) / "models" / f"phase={phase}" / "actor"
     real = versioned(out, output_key(settings, samples_ref, replay_ref, actor_ref, critic_ref))
+    critic_dir = critic_ref.path if critic_ref is not None else None
     return train_model(
         "actor", phase, out, real, read_jsonl(samples_ref) + read_jsonl(replay_ref),
-        lambda samples, dst: launch.train_actor(samples, actor_ref.path, dst, settings, critic_dir=critic_ref.path))
+        lambda samples, dst: launch.train_actor(samples, actor_ref.path, dst, settings, critic_dir=critic_dir))

@@ -291,6 +291,17 @@ def write_summary(run_dir: str | Path) -> Path:
     return out
 
 
+def phase_wall_time(run_dir: str | Path, phase: int, actor_digest: str, elapsed_s: float) -> float:
+    """The phase's wall time as first measured: a re-run that ends with the same actor (from the cache, or a
+    resumed comparison) keeps the recorded figure instead of its own few seconds."""
+    rep = Path(run_dir) / "reports" / f"phase={phase}.json"
+    if rep.is_file():
+        old = json.loads(rep.read_text())
+        if old.get("actor_digest") == actor_digest and isinstance(old.get("phase_wall_s"), (int, float)):
+            return float(old["phase_wall_s"])
+    return round(elapsed_s, 1)
+
+
 def publish_phase(run_dir: str | Path, phase: int, metrics: dict, actor_ref=None) -> str:
     """Write the phase's metrics, plots and trajectory viewer; log them to the active MLflow run. Returns markdown."""
     from webrl_core.runs import tracking
@@ -315,7 +326,7 @@ def publish_phase(run_dir: str | Path, phase: int, metrics: dict, actor_ref=None
     for w in warnings:
         print(f"WARNING phase {phase}: {w}")
     rows = results_table(run_dir)
-    md = (f"# WebRL phase {phase}\n\n" + "".join(f"> **WARNING**: {w}\n>\n" for w in warnings)
+    md = (f"# {metrics.get('recipe', 'WebRL')} phase {phase}\n\n" + "".join(f"> **WARNING**: {w}\n>\n" for w in warnings)
           + markdown_table(rows) + "\n" + notes_markdown(rows) + "\n"
           + "\n".join(f"- **{k}**: {v:.4g}" if isinstance(v, float) else f"- **{k}**: {v}" for k, v in
                       sorted(metrics.items())) + (f"\n\nTrajectory viewer: `{viewer}`\n" if viewer else ""))

@@ -4,15 +4,18 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
+import re
 
 import pytest
 
 from webrl_core import prompts
 from webrl_core.learn.orm import orm_examples_from_episodes, orm_prompt_for_episode
-from webrl_core.prompts import (BOS, OFFICIAL_FORMAT_FILE, build_chat_messages, build_orm_prompt, build_prompt,
-                                round0_prompt)
+from webrl_core.prompts import (BOS, OFFICIAL_FORMAT_FILE, TEXT_OBSERVATIONS, PromptFormat, build_chat_messages,
+                                build_orm_prompt, build_prompt, check_screenshot_input, round0_prompt)
+from webrl_core.compact_page import compact_page
 from webrl_core.learn.transitions import import_vab_traces
 
 DATA = json.loads(OFFICIAL_FORMAT_FILE.read_text(encoding="utf-8"))
@@ -200,6 +203,85 @@ def test_import_vab_traces_passes_compat(tmp_path):
                                             build_prompt("Buy", [R0], "<p>2</p>", compat="official")]
     [(_, default_steps)] = import_vab_traces(tmp_path)
     assert default_steps[1]["prompt"] == build_prompt("Buy", [R0], "<p>2</p>")
+
+
+# --- screenshot observations (prompt.observation: X+screenshot, screenshot) ---------------------------------
+
+PAGE = ('<html><body><a id="3" href="/forums">Forums</a><div>Posts</div><ul><li>Lamp 24 comments</li></ul>'
+        '<input id="5" placeholder="Search"/></body></html>')
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))  # any bytes: the part carries them as they are
+
+
+@pytest.mark.parametrize("text", TEXT_OBSERVATIONS)
+@pytest.mark.parametrize("compat", ["webrl", "official", "webrl_restated"])
+def test_a_screenshot_variant_keeps_the_text_of_its_observation(text, compat):
+    plain = PromptFormat(compat=compat, observation=text)
+    shot = PromptFormat(compat=compat, observation=text + "+screenshot")
+    assert shot.screenshot and not plain.screenshot and shot.text_observation == text
+    for past in ([], [R0], [R0, R1]):
+        assert build_prompt("Buy a lamp", past, PAGE, compat=shot) == \
+            build_prompt("Buy a lamp", past, PAGE, compat=plain)
+        assert build_orm_prompt("Buy a lamp", past, PAGE, compat=shot) == \
+            build_orm_prompt("Buy a lamp", past, PAGE, compat=plain)
+        want = build_chat_messages("Buy a lamp", past, PAGE, compat=plain)
+        assert build_chat_messages("Buy a lamp", past, PAGE, compat=shot) == want  # no screenshot given: text only
+        got = build_chat_messages("Buy a lamp", past, PAGE, compat=shot, screenshot=PNG)
+        assert got[:-1] == want[:-1] and got[-1]["role"] == want[-1]["role"] == "user"
+        text_part, image_part = got[-1]["content"]
+        assert text_part == {"type": "text", "text": want[-1]["content"]}
+        assert image_part["type"] == "image_url"
+        url = image_part["image_url"]["url"]
+        assert url.startswith("data:image/png;base64,") and base64.b64decode(url.split(",", 1)[1]) == PNG
+    # the format enters the episode keys: compact and compact+screenshot never share a cached rollout
+    assert shot.key != plain.key
+
+
+def test_the_chat_messages_show_the_observation_of_the_format():
+    """A served chat model reads the page as the stored prompt shows it: the compact page for ``compact``."""
+    msgs = build_chat_messages("Buy a lamp", [R0], PAGE, compat=PromptFormat(observation="compact"))
+    assert msgs[-1]["content"] == "Round 1\n\n" + compact_page(PAGE)
+    assert build_chat_messages("Buy a lamp", [R0], PAGE, compat=PromptFormat()) == \
+        build_chat_messages("Buy a lamp", [R0], PAGE)
+    assert "[3] Forums" in msgs[-1]["content"] and "<a" not in msgs[-1]["content"]
+
+
+@pytest.mark.parametrize("compat", ["webrl", "official", "webrl_restated"])
+def test_the_screenshot_alone_keeps_the_intent_and_history_but_no_page(compat):
+    fmt = PromptFormat(compat=compat, observation="screenshot")
+    assert fmt.screenshot and fmt.text_observation is None and fmt.page(PAGE) == ""
+    prompt = build_prompt("Buy a lamp", [R0, R1], PAGE, compat=fmt)
+    assert prompt == build_prompt("Buy a lamp", [R0, R1], "", compat=compat)
+    assert "Buy a lamp" in prompt and R0 in prompt and R1 in prompt
+    msgs = build_chat_messages("Buy a lamp", [R0], PAGE, compat=fmt, screenshot=PNG)
+    text = msgs[-1]["content"][0]["text"]
+    assert [m["content"] for m in msgs[:-1]] == [m["content"] for m in build_chat_messages("Buy a lamp", [R0], "",
+                                                                                             compat=compat)[:-1]]
+    for shown in ("Forums", "Posts", "Lamp 24", "Search", "<a ", "<html"):
+        assert shown not in text and shown not in prompt.rsplit("Round", 1)[-1]
+    # the ORM is a text model: with no page text in the observation it reads the HTML of the end state
+    assert build_orm_prompt("Buy a lamp", [R0], PAGE, compat=fmt) == \
+        build_orm_prompt("Buy a lamp", [R0], PAGE, compat=PromptFormat(compat=compat, observation="html"))
+    both = PromptFormat(compat=compat, observation="html+screenshot")
+    assert len({fmt.key, PromptFormat(compat=compat).key, both.key}) == 3
+
+
+@pytest.mark.parametrize("observation", ["compact+screenshot", "html+screenshot", "compact_id_after+screenshot",
+                                         "screenshot"])
+def test_only_a_chat_endpoint_takes_a_screenshot(observation):
+    hf = rf"prompt.observation='{re.escape(observation)}'.*policy.backend='hf'.*without image input"
+    with pytest.raises(ValueError, match=hf):
+        check_screenshot_input(observation, "hf", "chat")
+    with pytest.raises(ValueError, match=r"policy.backend='openai' with prompt.style='completion'.*/completions"):
+        check_screenshot_input(observation, "openai", "completion")
+    for backend, style in (("openai", "chat"), ("oracle", "completion"), ("random", "chat")):
+        check_screenshot_input(observation, backend, style)
+    check_screenshot_input(observation.removesuffix("+screenshot") if "+" in observation else "html", "hf",
+                           "completion")
+
+
+def test_an_unknown_observation_is_refused():
+    with pytest.raises(ValueError, match=r"prompt.observation 'screenshot\+compact' is unknown.*'compact\+screenshot'"):
+        PromptFormat(observation="screenshot+compact")
 
 
 # --- unknown formats ----------------------------------------------------------------------------------------

@@ -20,6 +20,14 @@ untouched:
 
 * ``observation: compact`` shows h_k as ``compact_page.compact_page(h_k)`` (one line per block, ``[N] text`` per
   interactive element: about half the tokens of the HTML); ``compact_id_after`` writes ``text [N]`` instead;
+* ``observation: X+screenshot`` (X one of the three above) is X, and the chat messages sent to an OpenAI-compatible
+  endpoint carry the step's screenshot (a PNG of the viewport, taken when the page settled) as an ``image_url`` part
+  after the text of the current user turn; ``observation: screenshot`` is the screenshot instead of the page: the
+  text keeps the intent and the history, h_k is empty. PAE (arXiv 2412.13194) acts on Set-of-Marks screenshots; the
+  part is the one BrowserGym's agents send (AgentLab ``dynamic_prompting.Observation.add_screenshot``:
+  ``{"type": "image_url", "image_url": {"url": "data:image/...;base64,..."}}`` after the text). Every prompt string
+  (stored steps, critic, training) is text only: the X part; the ORM, a text model, reads the HTML of the end state
+  where ``screenshot`` leaves no page text;
 * ``style: chat`` with a local actor renders the same rounds through the actor tokenizer's own chat template
   (SmolLM2: ``<|im_start|>user ... <|im_end|>``), once, as the prompt string: a short system line, round 0's user
   turn ``Task: I``, later past rounds the placeholder, each a_i an assistant turn, the current user turn
@@ -58,6 +66,7 @@ Two formats (``prompt.compat``; every builder takes ``compat=``, default ``"webr
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -80,7 +89,10 @@ DEFAULT_BUDGET = 16384 - 512
 
 COMPATS = ("webrl", "official", "webrl_restated")
 STYLES = ("completion", "chat")
-OBSERVATIONS = ("html", "compact", "compact_id_after")
+TEXT_OBSERVATIONS = ("html", "compact", "compact_id_after")
+SCREENSHOT = "screenshot"
+SCREENSHOT_SUFFIX = "+" + SCREENSHOT
+OBSERVATIONS = (*TEXT_OBSERVATIONS, *(o + SCREENSHOT_SUFFIX for o in TEXT_OBSERVATIONS), SCREENSHOT)
 OFFICIAL_FORMAT_FILE = Path(__file__).with_name("prompt_formats") / "official.json"
 
 
@@ -128,11 +140,55 @@ class PromptFormat:
         tpl = hashlib.sha256((self.chat_template or "").encode()).hexdigest()[:12] if self.framed else "-"
         return f"{self.compat}/{self.style}/{self.observation}/{tpl}"
 
+    @property
+    def screenshot(self) -> bool:
+        """The step's screenshot is part of the observation (an image part of the chat messages)."""
+        return observes_screenshot(self.observation)
+
+    @property
+    def text_observation(self) -> str | None:
+        """The page text of the observation: ``X`` of ``X+screenshot``; None for ``screenshot`` alone."""
+        return None if self.observation == SCREENSHOT else self.observation.removesuffix(SCREENSHOT_SUFFIX)
+
     def page(self, html: str) -> str:
-        """The observation as this format shows it."""
-        if self.observation == "html":
+        """The observation's page text as this format shows it ("" when the screenshot replaces the page)."""
+        text = self.text_observation
+        if text is None:
+            return ""
+        if text == "html":
             return html
-        return compact_page(html, id_after=self.observation == "compact_id_after")
+        return compact_page(html, id_after=text == "compact_id_after")
+
+
+def observes_screenshot(observation: str) -> bool:
+    """Whether ``prompt.observation`` sends the step's screenshot."""
+    return observation == SCREENSHOT or observation.endswith(SCREENSHOT_SUFFIX)
+
+
+def check_screenshot_input(observation: str, backend: str, style: str) -> None:
+    """ValueError naming ``prompt.observation`` and the backend when the observation holds a screenshot the policy
+    cannot be given: only an OpenAI-compatible chat endpoint (``policy.backend: openai`` with ``prompt.style:
+    chat``) takes image parts. An in-process HF model has no image input, and ``/completions`` takes a text prompt.
+    Scripted backends (oracle, random) read no observation and pass."""
+    if not observes_screenshot(observation):
+        return
+    text = ", ".join(map(repr, TEXT_OBSERVATIONS))
+    if backend == "hf":
+        raise ValueError(f"prompt.observation={observation!r} sends the step's screenshot as an image, but "
+                         f"policy.backend='hf' is an in-process text model without image input: serve a "
+                         f"vision-language model (e.g. vLLM serving Qwen2.5-VL) and set policy.backend: openai, "
+                         f"policy.base_url, policy.model_name and prompt.style: chat, or use a text observation "
+                         f"({text})")
+    if backend == "openai" and style != "chat":
+        raise ValueError(f"prompt.observation={observation!r} sends the step's screenshot as an image part, but "
+                         f"policy.backend='openai' with prompt.style={style!r} calls /completions, which takes a "
+                         f"text prompt only: set prompt.style: chat (/chat/completions), or use a text observation "
+                         f"({text})")
+
+
+def screenshot_part(png: bytes) -> dict[str, Any]:
+    """An OpenAI chat content part holding a PNG screenshot as a base64 data URL."""
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}}
 
 
 def as_format(compat: str | PromptFormat) -> PromptFormat:
@@ -305,23 +361,36 @@ CHAT_SYSTEM = (
 
 
 def build_chat_messages(intent: str, past_responses: list[str], html: str,
-                        budget: int = DEFAULT_BUDGET, *, compat: str = "webrl") -> list[dict[str, str]]:
-    """Chat variant: same elided history as user/assistant turns, current HTML in the last user turn.
-    ``compat="official"``: the official chat messages, whose HTML is never cut (``budget`` is not used)."""
-    if check_compat(compat) == "official":
-        return _official_chat(intent, past_responses, html)
-    msgs = [{"role": "system", "content": CHAT_SYSTEM}]
-    for i, resp in enumerate(past_responses):
-        user = f"Round {i}\n\n{intent if i == 0 else HTML_PLACEHOLDER}"
-        if i == 0:
-            user = f"Task Instruction: {intent}\n\n{user}"
-        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": resp}]
-    used = sum(len(m["content"]) for m in msgs)
-    head = f"Round {len(past_responses)}\n\n"
-    if not past_responses:
-        head = f"Task Instruction: {intent}\n\n{head}"
-    room = max(0, budget - used - len(head))
-    msgs.append({"role": "user", "content": head + html[:room]})
+                        budget: int = DEFAULT_BUDGET, *, compat: str | PromptFormat = "webrl",
+                        screenshot: bytes | None = None) -> list[dict[str, Any]]:
+    """Chat variant: same elided history as user/assistant turns, current page in the last user turn.
+    ``compat``: a compat name (the page is ``html`` as given) or a ``PromptFormat``, whose observation shows the
+    page (the compact page; nothing of it for ``screenshot``). ``compat="official"``: the official chat messages,
+    whose page is never cut (``budget`` is not used).
+
+    ``screenshot``: the PNG of the current page; the last user turn's content is then the list ``[text part,
+    image_url part]`` (OpenAI's content parts, as BrowserGym's agents send them; see the module docstring), the
+    text part exactly the string it holds without one."""
+    fmt = as_format(compat)
+    page = fmt.page(html)
+    if fmt.compat == "official":
+        msgs = _official_chat(intent, past_responses, page)
+    else:
+        msgs = [{"role": "system", "content": CHAT_SYSTEM}]
+        for i, resp in enumerate(past_responses):
+            user = f"Round {i}\n\n{intent if i == 0 else HTML_PLACEHOLDER}"
+            if i == 0:
+                user = f"Task Instruction: {intent}\n\n{user}"
+            msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": resp}]
+        used = sum(len(m["content"]) for m in msgs)
+        head = f"Round {len(past_responses)}\n\n"
+        if not past_responses:
+            head = f"Task Instruction: {intent}\n\n{head}"
+        room = max(0, budget - used - len(head))
+        msgs.append({"role": "user", "content": head + page[:room]})
+    if screenshot is not None:
+        msgs[-1] = {**msgs[-1], "content": [{"type": "text", "text": msgs[-1]["content"]},
+                                            screenshot_part(screenshot)]}
     return msgs
 
 
@@ -345,7 +414,8 @@ def build_orm_prompt(intent: str, responses: list[str], final_html: str, max_cha
     what the ORM reads of the end state, and a framed format (``style: chat``) renders the same system text and
     question through the model's own chat template, as the actor reads its pages."""
     fmt = as_format(compat)
-    page = fmt.page(final_html)
+    # a text model: where the screenshot replaces the page, the ORM reads the HTML (the official ORM input)
+    page = fmt.page(final_html) if fmt.text_observation is not None else final_html
     if fmt.compat == "official":
         return _official_orm(intent, responses, page, max_chars)
     history = "\n".join(fold_response(r) for r in responses)

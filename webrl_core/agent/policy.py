@@ -11,11 +11,15 @@
 - ``OpenAIPolicy``: an OpenAI-compatible server (vLLM, SGLang, TGI) through the ``openai`` SDK with at most
   ``concurrency`` requests in flight; ``/completions`` with the raw WebRL prompt (style "completion") or
   ``/chat/completions`` with ``prompts.build_chat_messages`` built from the step contexts (style "chat"). Both stop
-  at ``<|eot_id|>``. Timeouts, connection errors, 429 and 5xx answers are retried by the SDK (``retries`` tries).
-  A sampled request carries the OpenAI API's ``seed`` (``identity.action_seed``), which vLLM honours per request.
+  at ``<|eot_id|>``. A screenshot observation (``prompt.observation: compact+screenshot``, ``screenshot``, ...)
+  sends each step's PNG (the context's ``screenshot``, taken by the rollout) as an ``image_url`` part of the last
+  user turn: a vision-language model served by vLLM (Qwen2.5-VL, LLaVA) reads it; only the chat style can carry
+  it. Timeouts, connection errors, 429 and 5xx answers are retried by the SDK (``retries`` tries). A sampled request
+  carries the OpenAI API's ``seed`` (``identity.action_seed``), which vLLM honours per request.
 - ``openai_app(policy)``: a tiny OpenAI-compatible Starlette app around an ``HFPolicy``, so the embedded model can be
   served exactly like a vLLM endpoint (used by the tests and for local runs without vLLM); a request's ``seed``
-  reaches ``HFPolicy.generate`` as that prompt's seed.
+  reaches ``HFPolicy.generate`` as that prompt's seed; a message with an image part is refused (400): the model
+  reads text only.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from webrl_core.config import ModelsConfig, PolicyConfig
 from webrl_core.identity import action_seed
 from webrl_core.learn.models import (encode_prompt, left_pad, load_causal_lm, load_tokenizer, resolve_device,
                                stop_token_id)
-from webrl_core.prompts import STOP_TOKEN, PromptFormat, as_format, build_chat_messages
+from webrl_core.prompts import STOP_TOKEN, PromptFormat, as_format, build_chat_messages, check_screenshot_input
 
 if TYPE_CHECKING:
     import openai
@@ -94,6 +98,7 @@ class HFPolicy:
     def __init__(self, model_path: str | os.PathLike, cfg: PolicyConfig | None = None,
                  models_cfg: ModelsConfig | None = None, temperature: float | None = None,
                  policy_id: str | None = None, style: str = "completion", compat: str | PromptFormat = "webrl"):
+        check_screenshot_input(as_format(compat).observation, "hf", style)  # before the model loads: no image input
         models_cfg = models_cfg or ModelsConfig()
         self._bind(load_tokenizer(model_path), load_causal_lm(model_path, models_cfg, trainable=False),
                    cfg or PolicyConfig(), models_cfg, compat)
@@ -119,7 +124,7 @@ class HFPolicy:
         fmt = as_format(compat)
         self.cfg, self.models_cfg, self.tok, self.model = cfg, models_cfg, tok, model
         self.framed = fmt.framed  # prompts arrive rendered through the chat template already
-        self.compat = fmt.compat
+        self.format, self.compat = fmt, fmt.compat
         self.stop_ids = sorted({stop_token_id(tok)} | ({tok.eos_token_id} - {None}))
         max_pos = getattr(model.config, "max_position_embeddings", None) or models_cfg.max_length
         self.max_prompt_tokens = min(models_cfg.max_length, max_pos) - cfg.max_new_tokens
@@ -137,7 +142,7 @@ class HFPolicy:
         if self.style != "chat" or self.framed:
             return prompt
         if ctx is not None:
-            msgs = build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.compat)
+            msgs = build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.format)
         else:
             msgs = [{"role": "user", "content": prompt}]
         if not getattr(self.tok, "chat_template", None):
@@ -204,13 +209,15 @@ class OpenAIPolicy:
                  temperature: float | None = None, style: str = "completion", api_key: str | None = None,
                  policy_id: str | None = None, timeout_s: float = 120.0, retries: int = 3,
                  compat: str | PromptFormat = "webrl"):
-        self.compat = as_format(compat).compat
+        self.format = as_format(compat)
+        self.compat = self.format.compat
         if not base_url or "://" not in base_url:
             raise ValueError(f"policy.base_url={base_url!r} is not a URL like http://127.0.0.1:8000/v1")
         if not model_name:
             raise ValueError("policy.model_name is empty; the endpoint needs a model name")
         if style not in ("completion", "chat"):
             raise ValueError(f"prompt.style={style!r}; allowed: 'completion', 'chat'")
+        check_screenshot_input(self.format.observation, "openai", style)
         self.cfg = cfg or PolicyConfig()
         self.base_url = base_url.rstrip("/")
         self.model_name = model_name
@@ -232,7 +239,13 @@ class OpenAIPolicy:
         if seed is not None:
             body["seed"] = seed
         if self.style == "chat":
-            msgs = (build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.compat) if ctx
+            shot = getattr(ctx, "screenshot", None) if self.format.screenshot else None
+            if self.format.screenshot and shot is None:  # sending the text alone would act on half an observation
+                raise ValueError(f"prompt.observation={self.format.observation!r}: step "
+                                 f"{getattr(ctx, 'step', '?')} of {getattr(ctx, 'episode_id', '') or 'a request'} "
+                                 f"came without its screenshot (the rollout takes one per step)")
+            msgs = (build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.format,
+                                        screenshot=shot) if ctx
                     else [{"role": "user", "content": prompt}])
             return "/chat/completions", {**body, "messages": msgs}
         return "/completions", {**body, "prompt": prompt}
@@ -404,6 +417,11 @@ def openai_app(policy: HFPolicy, model_name: str = "webrl-embedded", max_batch: 
             return JSONResponse({"error": {"message": "'messages' must be a non-empty list"}}, status_code=400)
         if (error := bad_sampling(body)) is not None:
             return error
+        if any(not isinstance(m.get("content"), str) for m in msgs if isinstance(m, dict)):
+            # content parts (an image_url beside the text): a text-only causal LM cannot read them
+            return JSONResponse({"error": {"message": f"model {model_name!r} reads text only: every message's "
+                                           f"'content' must be a string (a screenshot observation needs a "
+                                           f"vision-language model, e.g. served by vLLM)"}}, status_code=400)
         tok = policy.tok
         if getattr(tok, "chat_template", None):
             prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)

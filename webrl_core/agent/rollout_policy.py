@@ -21,7 +21,7 @@ from webrl_core.agent import grounding
 from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, served_model_digest
 from webrl_core.runs.rundir import model_ref
 from webrl_core.agent.serving import Endpoint, served_policy_digest
-from webrl_core.prompts import prompt_format
+from webrl_core.prompts import check_screenshot_input, observes_screenshot, prompt_format
 from webrl_core.sites.oracle import EarlyExitOraclePolicy, OraclePolicy
 
 
@@ -68,10 +68,27 @@ def grounds_by_name(settings: Any, purpose: str) -> bool:
         grounding.applies(settings.policy.name_grounding, purpose)
 
 
+def check_observation_input(settings: Any, actor_ref: ArtifactRef | None, purpose: str) -> None:
+    """ValueError, before any server or browser starts, when the policy of a ``purpose`` rollout cannot be given
+    ``prompt.observation``: a screenshot needs an OpenAI-compatible chat endpoint serving a vision-language model
+    (``prompts.check_screenshot_input``); the project's own server (``serving.engine: webrl``) serves the actor
+    checkpoint as a text-only model."""
+    observation, backend = settings.prompt.observation, backend_for(settings, purpose)
+    check_screenshot_input(observation, backend, settings.prompt.style)
+    if observes_screenshot(observation) and needs_server(settings, actor_ref, purpose) \
+            and settings.serving.engine == "webrl":
+        raise ValueError(f"prompt.observation={observation!r} sends the step's screenshot as an image, but "
+                         f"policy.backend='openai' with serving.engine='webrl' serves the actor checkpoint with the "
+                         f"project's text-only HF server: serve a vision-language model with serving.engine: vllm "
+                         f"(or external), or use a text observation")
+
+
 def rollout_identity(settings: Any, actor_ref: ArtifactRef | None, temperature: float, purpose: str
                      ) -> dict[str, str]:
     """What acts in a rollout, as it enters the episode keys: the policy's identity and the digest of the
-    sampling (model policies only) and env/site settings."""
+    sampling (model policies only) and env/site settings. A ``prompt.observation`` the policy cannot be given fails
+    here (``check_observation_input``), before the stage serves a model or starts a browser."""
+    check_observation_input(settings, actor_ref, purpose)
     sites = {"mode": settings.sites.mode, "data_seed": settings.sites.data_seed, "urls": settings.sites.urls}
     sampled = backend_for(settings, purpose) not in identity.SCRIPTED_POLICIES
     digest = identity.settings_digest(settings.env, temperature=temperature if sampled else None,
@@ -116,6 +133,7 @@ def make_policy(settings: Any, actor_ref: ArtifactRef | None, temperature: float
     """The action policy of a rollout: oracle/random (scripted), in-process HF model, or an OpenAI-compatible server
     (``endpoint``: the served actor, required when there is an actor checkpoint; else ``policy.base_url``); a model
     policy grounds its element ids by name where ``policy.name_grounding`` says so (``agent.grounding``)."""
+    check_observation_input(settings, actor_ref, purpose)
     policy = _model_or_scripted_policy(settings, actor_ref, temperature, purpose, endpoint)
     return grounding.NameGroundedPolicy(policy) if grounds_by_name(settings, purpose) else policy
 

@@ -19,7 +19,13 @@ Contract:
   with ``status="error"``, ``env_score=None`` and the error text -- never silently scored 0, never lost;
 * each finished episode is written with ``store.write_episode(episode, steps)`` the moment it ends;
 * step rewards: 0 for every step but the last, whose reward is the episode's env_score (0 when None);
-  ``mc_return`` is left None for the learner.
+  ``mc_return`` is left None for the learner;
+* screenshots: a format whose observation holds one (``prompt.observation: compact+screenshot``, ``screenshot``;
+  ``prompts.PromptFormat.screenshot``) gets each step's PNG of the page the action is chosen on (the viewport, after
+  the page settled), in memory, on the step's context (``ObservedStep.screenshot``) for the policy; nothing of it is
+  stored. With ``env.screenshots`` the same PNG goes to ``<screenshot_dir>/<episode_id>/<idx>.png`` (the viewer),
+  and the page after the last action to ``<screenshot_dir>/<episode_id>/final.png`` (what a judge of the end state
+  reads).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import asyncio
 import socket
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -39,6 +46,17 @@ from webrl_core.env.episode import EPISODE_COLUMNS, Episode, FinalPage
 from webrl_core.env.web_env import EnvCrash, WebEnv
 from webrl_core.prompts import PromptFormat, as_format, build_prompt
 from webrl_core.websites import is_success
+
+
+FINAL_SCREENSHOT = "final.png"
+"""The name of the end state's screenshot beside the steps' ``<idx>.png`` (``env.screenshots``)."""
+
+
+@dataclass
+class ObservedStep(StepContext):
+    """A step's context with the PNG of its page (``screenshot``), for a format whose observation holds it."""
+
+    screenshot: bytes | None = None
 
 
 class PolicyError(RuntimeError):
@@ -147,6 +165,7 @@ async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batch
                        prompt_compat: str | PromptFormat = "webrl") -> _Ending:
     """One attempt. Appends step dicts to ``steps`` as it goes; returns how the episode ended."""
     watchdog = (cfg.settle_timeout_ms + 3 * cfg.action_timeout_ms) / 1000 + 30
+    observes_screenshot = as_format(prompt_compat).screenshot
     t = time.perf_counter()
     obs = await asyncio.wait_for(env.reset(task, episode_id), watchdog)
     timing["env_s"] += time.perf_counter() - t
@@ -155,13 +174,14 @@ async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batch
     done = False
     while not done:
         idx = len(past)
-        if screenshot_dir is not None and env.page is not None:  # the page the agent acts on (viewer)
-            shot = Path(screenshot_dir) / episode_id / f"{idx}.png"
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            await env.page.screenshot(path=str(shot))
+        png = None
+        if observes_screenshot or screenshot_dir is not None:  # the page the agent acts on, as it settled
+            t = time.perf_counter()
+            png = await _screenshot(env, screenshot_dir, episode_id, f"{idx}.png", watchdog)
+            timing["env_s"] += time.perf_counter() - t
         prompt = build_prompt(intent, past, obs.html, cfg.obs_char_budget, compat=prompt_compat)
-        ctx = StepContext(task=env.task, html=obs.html, url=obs.url, step=idx, past_responses=list(past),
-                          episode_id=episode_id)
+        ctx = ObservedStep(task=env.task, html=obs.html, url=obs.url, step=idx, past_responses=list(past),
+                           episode_id=episode_id, screenshot=png if observes_screenshot else None)
         t = time.perf_counter()
         response = await batcher.request(prompt, ctx)
         policy_s = time.perf_counter() - t
@@ -176,10 +196,25 @@ async def _run_episode(env: WebEnv, task: dict, episode_id: str, batcher: _Batch
         past.append(response)
         obs = new_obs
     t = time.perf_counter()
+    if screenshot_dir is not None:  # the end state, before an evaluator may load other pages
+        await _screenshot(env, screenshot_dir, episode_id, FINAL_SCREENSHOT, watchdog)
     score = await asyncio.wait_for(env.evaluate(), watchdog)
     timing["env_s"] += time.perf_counter() - t
     return _Ending(env.status, env.answer, score, intent,
                    FinalPage(obs.html, obs.url, list(env.blocked_urls), dict(env.site_state)))
+
+
+async def _screenshot(env: WebEnv, screenshot_dir, episode_id: str, name: str, watchdog: float) -> bytes | None:
+    """PNG bytes of the env's current page (its viewport, as Playwright's ``page.screenshot()`` returns them), also
+    written to ``<screenshot_dir>/<episode_id>/<name>`` when ``screenshot_dir`` is given; None without a page."""
+    if env.page is None:
+        return None
+    png = await asyncio.wait_for(env.page.screenshot(), watchdog)
+    if screenshot_dir is not None:
+        path = Path(screenshot_dir) / episode_id / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png)
+    return png
 
 
 async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, store=None, phase: int = 0,
@@ -192,7 +227,8 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
 
     ``policy_digest`` / ``settings_digest``: the identity of what acts (``webrl_core.identity``); by default the
     policy's own ``policy_digest`` (else its ``policy_id``) and the env's behaviour settings.
-    ``screenshot_dir``: with ``cfg.screenshots``, a PNG per step goes to ``<dir>/<episode_id>/<idx>.png``.
+    ``screenshot_dir``: with ``cfg.screenshots``, a PNG per step goes to ``<dir>/<episode_id>/<idx>.png`` and the
+    page after the last action to ``<dir>/<episode_id>/final.png``.
     ``node``: what episodes record as the machine that produced them (default: the hostname; the Ray engine
     passes ``<hostname>/<node ip>/ray:<node id>``).
     ``prompt_compat``: the prompt format (a ``prompt.compat`` name or a ``prompts.PromptFormat``); a non-default

@@ -24,6 +24,7 @@ from webrl_core.config_sections import (PATH_MISSING, REPO_ROOT, SERVING_COMMAND
                                         ReplayConfig, RewardConfig, RolloutConfig, RunConfig, Section,
                                         ServingConfig, SitesConfig, TrackingConfig, TrainingConfig,
                                         TransitionsConfig, accelerate_config_names, accelerate_config_path)
+from webrl_core.prompts import check_screenshot_input
 
 __all__ = ["WebRLSettings", "RENAMED", "migrate_renamed", "LOCAL_INPUT_FILES", "LOCAL_INPUTS_DIR", "PATH_MISSING",
            "REPO_ROOT", "SERVING_COMMANDS", "ActorTrainConfig", "BootstrapConfig", "CriticConfig", "CurriculumConfig",
@@ -123,7 +124,8 @@ class WebRLSettings(Section):
     @model_validator(mode="after")
     def _recipe_knobs_fit(self) -> WebRLSettings:
         """The other recipes' knobs need their counterparts: GRPO a group per task, the judge reward a judge,
-        PAE's LLM-proposed tasks (which carry no evaluator) a reward that does not come from the evaluators."""
+        PAE's LLM-proposed tasks (which carry no evaluator) a reward that does not come from the evaluators, and a
+        screenshot observation a policy that takes images (an OpenAI-compatible chat endpoint)."""
         if self.actor.loss == "grpo" and self.curriculum.rollouts_per_task < 2:
             raise ValueError("actor.loss=grpo normalises each episode's reward within its task's group: set "
                              "curriculum.rollouts_per_task >= 2 (it is 1: every advantage would be 0)")
@@ -134,6 +136,7 @@ class WebRLSettings(Section):
         if reward.judge_screenshots and not self.env.screenshots:
             raise ValueError(f"reward.judge_screenshots={reward.judge_screenshots} sends the episode's last "
                              f"screenshots to the judge: set env.screenshots: true to take them")
+        check_screenshot_input(self.prompt.observation, self.policy.backend, self.prompt.style)
         cur = self.curriculum
         llm_proposer = cur.generator == "propose" and (cur.base_url or cur.hf_model)
         if llm_proposer and reward.source == "env":

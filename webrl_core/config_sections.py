@@ -144,7 +144,9 @@ class PromptConfig(Section):
         "html", description="html: the simplified HTML as extracted (the official observation); compact: one line "
         "per block, interactive elements as [id] text, table rows as one line (webrl_core/compact_page.py), about "
         "half the tokens; compact_id_after: the same with each id after the element's text (text [id]), the order "
-        "in which the actor writes them (# Element: text, then element=\"id\")")
+        "in which the actor writes them (# Element: text, then element=\"id\"); X+screenshot: X and the step's "
+        "screenshot as an image part, screenshot: the image instead of the page text (both need an OpenAI-compatible "
+        "chat endpoint, policy.backend openai with prompt.style chat: a VLM such as Qwen2.5-VL served by vLLM)")
     compat: Literal[COMPATS] = Field(
         "webrl", description="webrl: our wording of the official format (models we train); official: the exact "
         "input strings the released WebRL actor and ORM checkpoints were trained on, so they can be dropped in; "

@@ -43,6 +43,7 @@ def test_unknown_recipe_and_variant_are_named():
     (["reward.judge=http://127.0.0.1:9/v1", "reward.judge_screenshots=3"], "set env.screenshots: true"),
     (["curriculum.generator=propose", "curriculum.base_url=http://127.0.0.1:9/v1", "reward.source=env"],
      "set reward.source to judge"),
+    (["prompt.observation=compact+screenshot"], "policy.backend='hf' is an in-process text model"),
 ])
 def test_recipe_knobs_without_their_counterparts_are_refused(sets, message):
     with pytest.raises(ConfigError, match=message):

@@ -88,6 +88,12 @@ def test_set(data_seed: int = 0) -> list[dict]:
     return copy.deepcopy(list(_test_set(data_seed)))
 
 
+def train_instances(fam: Family, data_seed: int = 0) -> list[dict]:
+    """The family's training-pool instantiations, in the pool's fixed order (never one of the held-out test
+    pool's): what a task written for training may instantiate."""
+    return copy.deepcopy(_pools(data_seed)[fam.name][1])
+
+
 def _train_task(fam: Family, rng: random.Random, data_seed: int) -> dict:
     inst = rng.choice(_pools(data_seed)[fam.name][1])
     phrasing = rng.randrange(len(fam.phrasings(inst)))

@@ -101,6 +101,7 @@ generate_tasks = stage_task(generation.generate_tasks, "generate-tasks", rerun_w
 filter_tasks = stage_task(generation.filter_tasks, "filter-tasks")
 materialise_tasks = stage_task(task_sets.materialise_tasks, "materialise-tasks")
 orm_label = stage_task(experience.orm_label, "orm-label")
+judge_label = stage_task(experience.judge_label, "judge-label")
 # rerun_when: the ORM stage's result (relabelled episodes)
 phase_transitions = stage_task(experience.phase_transitions, "build-transitions", rerun_when=True)
 replay_transitions = stage_task(experience.replay_transitions, "replay-selection")

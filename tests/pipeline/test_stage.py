@@ -66,7 +66,7 @@ def test_unknown_sections_are_refused_at_declaration():
 def test_every_prefect_task_gets_exactly_its_stages_sections(tmp_path):
     s = load_config("smoke")
     tasks = [t for t in vars(stages).values() if hasattr(t, "stage") and hasattr(t, "submit")]
-    assert len(tasks) == 21
+    assert len(tasks) == 22
     for t in tasks:
         run = stages.StageRun.of(s, str(tmp_path), "rid", t.stage)
         assert tuple(run.config) == t.stage.config_sections, t.name

@@ -1,11 +1,12 @@
 """Experience: rollouts of a task set, their labels, and the training samples built from them.
 
 Labels: in phase 0 the sites' evaluators (``label_with_env``); in phase k the outcome reward model
-(``orm_label``: success iff P(YES) >= ``orm.threshold``, paper Sec. 3.2), whose agreement with the evaluators is
-reported. Samples: step-level transitions of the phase's episodes (official ``process_data.py``, stage 1), and
-the perplexity replay set: successful steps of earlier phases in the current lineage whose 1/PPL under the
-phase-start actor lies in (``replay.low``, ``replay.high``], at most ``replay.cap_ratio`` x the new steps
-(paper Sec. 3.3, "experience replay buffer with actor confidence filtering").
+(``orm_label``: success iff P(YES) >= ``orm.threshold``, paper Sec. 3.2), or with ``reward.source: judge`` PAE's
+zero-shot evaluator (``judge_label``); the labeller's agreement with the evaluators is reported. Samples:
+step-level transitions of the phase's episodes (official ``process_data.py``, stage 1), and the perplexity replay
+set: successful steps of earlier phases in the current lineage whose 1/PPL under the phase-start actor lies in
+(``replay.low``, ``replay.high``], at most ``replay.cap_ratio`` x the new steps (paper Sec. 3.3, "experience replay
+buffer with actor confidence filtering").
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from webrl_core.env.judge import judge_from_settings
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
 from webrl_core.learn.models import load_causal_lm, load_tokenizer
 from webrl_core.learn.orm import OrmScorer, decision_agreement, orm_prompt_for_episode
+from webrl_core.learn.outcome_judge import judge_case, outcome_judge_from_settings
 from webrl_core.prompts import prompt_format
 from webrl_core.pipeline.stage import stage
 from webrl_core.scale.ray_rollout import run_on_ray
@@ -153,6 +155,49 @@ def orm_label(settings, run_dir: str, phase: int, rollouts: dict, orm_ref: Artif
             "orm_success_rate": sum(pred) / max(1, n), "env_success_rate": sum(b for _, b in scored) / max(1, len(scored)),
             "orm_accuracy": agree["accuracy"] if scored else 0.0,
             "orm_precision": agree["precision"], "orm_recall": agree["recall"]}
+
+
+# env.screenshots: the settings refuse reward.judge_screenshots without it, so the task's rebuilt settings need it
+@stage("models", "reward", "prompt.observation", "env.screenshots")
+def judge_label(settings, run_dir: str, phase: int, rollouts: dict) -> dict:
+    """Label the phase's episodes with PAE's autonomous evaluator (``webrl_core.learn.outcome_judge``):
+    ``reward.source: judge`` success iff the judge (``reward.judge``: an endpoint or a local model) says so;
+    ``env``: the sites' evaluators, the judge still measured. The judge's P(success) goes to the scores table
+    (kind ``judge_p_success``; an endpoint reply without a verdict is stored as NULL with the reply as its note and
+    leaves the episode unlabelled). Returns ``orm_label``'s counts where they mean the same, and the judge's
+    agreement with the evaluators (accuracy, precision and recall of its successes, over the episodes both scored)."""
+    rw = settings.reward
+    if rw.source == "orm":
+        raise ValueError("judge_label labels with reward.source: judge (or env, the judge measured); "
+                         "reward.source: orm is orm_label's")
+    store = TrajectoryStore(run_dir)
+    eps, by_ep = store.finished_episodes(rollouts["episode_ids"])
+    eps = [e for e in eps if by_ep.get(e["episode_id"])]
+    shots = Path(run_dir) / "screenshots"
+    cases = [judge_case(e, by_ep[e["episode_id"]], max_page_chars=rw.judge_max_html_chars,
+                        observation=settings.prompt.observation, screenshot_dir=shots / e["episode_id"],
+                        n_screenshots=rw.judge_screenshots) for e in eps]
+    judge = outcome_judge_from_settings(settings) if cases else None
+    verdicts = judge.judge(cases) if judge is not None else []
+    pred = [v.success for v in verdicts]  # None: the endpoint's reply had no verdict
+    truth = [env_label(e) for e in eps]  # None: unscored by the evaluators, left out of the agreement
+    label = truth if rw.source == "env" else pred
+    store.update_episodes([{"episode_id": e["episode_id"], "success": y} for e, y in zip(eps, label)])
+    store.write_scores([{"kind": "judge_p_success", "episode_id": e["episode_id"], "phase": phase,
+                         "value": v.p_success, "model_id": judge.name, "note": v.note[:500]}
+                        for e, v in zip(eps, verdicts)])
+    both = [(a, b) for a, b in zip(pred, truth) if a is not None and b is not None]
+    agree = decision_agreement([a for a, _ in both], [b for _, b in both])
+    env_scored = [b for b in truth if b is not None]
+    said = [a for a in pred if a is not None]
+    n, labelled = len(eps), [y for y in label if y is not None]
+    return {"episodes": n, "reward_source": rw.source, "unscored": n - len(env_scored),
+            "env_successes": sum(env_scored), "judge_yes": sum(said), "judge_unparsed": n - len(said),
+            "labelled_success_rate": sum(labelled) / max(1, len(labelled)),
+            "judge_success_rate": sum(said) / max(1, len(said)),
+            "env_success_rate": sum(env_scored) / max(1, len(env_scored)),
+            "judge_accuracy": agree["accuracy"] if both else 0.0,
+            "judge_precision": agree["precision"], "judge_recall": agree["recall"]}
 
 
 @stage("transitions")

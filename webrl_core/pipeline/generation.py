@@ -214,7 +214,7 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
         kept, dropped = filter_by_value(cands, [(x, x, x) for x in p_yes], curriculum.filter_low,
                                         curriculum.filter_high)
     else:
-        how = "skip (no trained critic in phase 1)"
+        how = "skip (no trained critic: phase 1, or a recipe without one)"
         kept, dropped = list(cands), []
     n_passed = len(kept)
     valued = [t for t in kept + dropped if "critic_value" in t]  # every candidate the filter scored (none: skipped)

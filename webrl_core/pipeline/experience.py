@@ -180,7 +180,10 @@ def judge_label(settings, run_dir: str, phase: int, rollouts: dict) -> dict:
     judge = outcome_judge_from_settings(settings) if cases else None
     verdicts = judge.judge(cases) if judge is not None else []
     pred = [v.success for v in verdicts]  # None: the endpoint's reply had no verdict
-    truth = [env_label(e) for e in eps]  # None: unscored by the evaluators, left out of the agreement
+    # None: unscored by the evaluators, left out of the agreement; so are the episodes of tasks an LLM proposer
+    # wrote (judge_only: their evaluator is a placeholder, whose score says nothing)
+    judge_only = {t["task_id"] for t in store.tasks(phase=phase) if json.loads(t["config_json"]).get("judge_only")}
+    truth = [None if e["task_id"] in judge_only else env_label(e) for e in eps]
     label = truth if rw.source == "env" else pred
     store.update_episodes([{"episode_id": e["episode_id"], "success": y} for e, y in zip(eps, label)])
     store.write_scores([{"kind": "judge_p_success", "episode_id": e["episode_id"], "phase": phase,

@@ -39,15 +39,27 @@ pi_ref (the actor at the start of the phase), n_i the action token count (the ac
     L           = mean_i (beta * log_ratio_i - A_i)^2                   all samples, negative A included
 
 ``kl=False`` (paper Fig. 5 ablation): plain token-mean NLL of the actions on the samples the KL loss would push up
-(A > 0), no reference.
+(A > 0), no reference (``filtered_bc.action_nll``, the one NLL). Without a critic, ``kl=False`` is
+``loss="filtered_bc"``.
+
+Critic-free losses (``ActorTrainConfig.CRITIC_FREE``; ``train_actor(..., critic_dir=None)``):
+
+``loss="grpo"`` (WebAgent-R1's M-GRPO, TRL's ``GRPOTrainer._compute_loss``; ``grpo.py`` has the equations): the
+episodes' outcomes normalised within their task's group, every step of an episode carrying its advantage; a
+clipped per-token ratio against the phase-start actor (which acted, and is the KL reference: one per-token
+reference column, computed like ``ref_logp``), ``loss_type`` aggregation, ``num_iterations`` passes.
+
+``loss="filtered_bc"`` (PAE's ``filteredbc``; ``filtered_bc.py``): the shortest successful episodes per task, the
+token-mean NLL of their actions; no reference pass.
 
 Precompute (once per phase, batched, no grad, BEFORE the actor epoch): the critic's V for every DISTINCT prompt
 among observations and next observations (V(s_{t+1}) of step t is V(s) of step t+1), then the critic is freed; the
 reference log-probs come from the freshly loaded actor itself before its first update (it IS pi_ref), so no second
-model is ever in memory. The results are dataset columns (ref_logp, n_action, adv, mask, beta0). Under ``accelerate
-launch`` both are split across the processes (``trainer_utils``, which also holds the arguments, progress, the
-precision and the saving the trainers share). The LR of the tiny embedded model is larger than the paper's
-(``ActorTrainConfig.lr``) because 1e-6 does not move a 1-10M-parameter model in one epoch.
+model is ever in memory. The results are dataset columns (ref_logp, n_action, adv, mask, beta0; grpo: adv and the
+per-token ref_token_logps). Under ``accelerate launch`` both are split across the processes (``trainer_utils``,
+which also holds the arguments, progress, the precision and the saving the trainers share). The LR of the tiny
+embedded model is larger than the paper's (``ActorTrainConfig.lr``) because 1e-6 does not move a 1-10M-parameter
+model in one epoch.
 
 Reference policy with LoRA: ``train_actor`` loads the phase-start actor folder (a previous phase's ``save_model``
 output, which holds the MERGED weights) and puts a FRESH adapter on it. peft initialises ``lora_B = 0``, so before
@@ -72,6 +84,7 @@ from transformers import Trainer, TrainingArguments, set_seed
 
 from webrl_core.config import ActorTrainConfig
 from webrl_core.learn import advantage as adv_mod
+from webrl_core.learn import filtered_bc, grpo
 from webrl_core.learn.critic import Critic
 from webrl_core.learn.models import (autocast_context, count_parameters, encode_prompt_action, left_pad, load_causal_lm,
                                      load_tokenizer, save_model)
@@ -88,8 +101,9 @@ from webrl_core.runs import loss_history
 class WebRLConfig(TrainingArguments):
     """``TrainingArguments`` + the WebRL loss fields, the arguments of ``WebRLTrainer`` (TRL's ``XxxConfig``
     convention). The loss fields (``ActorTrainConfig.LOSS_FIELDS``: loss, kl, beta, beta_low, beta_high, lam,
-    margin, paper_logratio, count_norm) are declared once, in the ``actor`` config section, and validated by it;
-    ``from_settings`` maps the section's optimisation fields onto the ``TrainingArguments`` ones."""
+    margin, paper_logratio, count_norm, and grpo's and filtered_bc's) are declared once, in the ``actor`` config
+    section, and validated by it; ``from_settings`` maps the section's optimisation fields onto the
+    ``TrainingArguments`` ones (grpo: ``num_iterations`` passes of ``epochs`` each)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -100,7 +114,8 @@ class WebRLConfig(TrainingArguments):
         """The actor Trainer's arguments from the ``actor`` section of the settings."""
         a = settings.actor
         micro, accum = actor_micro_batches(settings)
-        return _trainer_args(cls, Path(out_dir), settings, a.lr, a.epochs, micro, accum, a.max_grad_norm,
+        epochs = a.epochs * (a.num_iterations if a.loss == "grpo" else 1)  # TRL's mu: passes over the samples
+        return _trainer_args(cls, Path(out_dir), settings, a.lr, epochs, micro, accum, a.max_grad_norm,
                              max_steps, **a.model_dump(include=set(ActorTrainConfig.LOSS_FIELDS)))
 
 
@@ -115,7 +130,7 @@ def webrl_actor_loss(logp: torch.Tensor, ref_logp: torch.Tensor, n_tokens: torch
     ref_logp, beta0 = ref_logp.to(logp), beta0.to(logp)
     diff = logp - ref_logp
     if not kl:
-        nll = -(logp * mask).sum() / (n_tokens * mask).sum().clamp(min=1.0)
+        nll = filtered_bc.action_nll(logp, n_tokens, mask)
         return nll, {"log_ratio": (diff / n_tokens.clamp(min=1)).mean().item()}
     if loss == "paper":
         log_ratio = diff if paper_logratio == "sum" else diff / n_tokens.clamp(min=1.0)
@@ -132,7 +147,9 @@ def webrl_actor_loss(logp: torch.Tensor, ref_logp: torch.Tensor, n_tokens: torch
 
 
 class ActorCollator:
-    """Left-pads input_ids; carries the precomputed per-sample columns as float tensors."""
+    """Left-pads input_ids; carries the precomputed per-sample columns the rows have as float tensors, and the
+    per-token reference log-probs (grpo) as [B, k] right-aligned to the batch's k = max(n_action) action columns
+    (``action_token_logprobs``: the rows are left padded, every action ends at the last column)."""
 
     columns = ("ref_logp", "adv", "mask", "beta0")
 
@@ -141,32 +158,84 @@ class ActorCollator:
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         ids, mask = left_pad([f["input_ids"] for f in features], self.pad_id)
-        batch = {"input_ids": ids, "attention_mask": mask,
-                 "n_action": torch.tensor([f["n_action"] for f in features], dtype=torch.long)}
+        n_action = torch.tensor([f["n_action"] for f in features], dtype=torch.long)
+        batch = {"input_ids": ids, "attention_mask": mask, "n_action": n_action}
         for c in self.columns:
-            batch[c] = torch.tensor([float(f[c]) for f in features], dtype=torch.float32)
+            if c in features[0]:
+                batch[c] = torch.tensor([float(f[c]) for f in features], dtype=torch.float32)
+        if "ref_token_logps" in features[0]:
+            k = int(n_action.max())
+            ref = torch.zeros(len(features), k, dtype=torch.float32)
+            for i, f in enumerate(features):
+                ref[i, k - len(f["ref_token_logps"]):] = torch.tensor(f["ref_token_logps"], dtype=torch.float32)
+            batch["ref_token_logps"] = ref
         return batch
 
 
 class WebRLTrainer(Trainer):
-    """transformers.Trainer whose ``compute_loss`` is the WebRL actor loss on precomputed reference columns."""
+    """transformers.Trainer whose ``compute_loss`` is the configured actor loss on precomputed reference columns:
+    ``webrl_actor_loss`` (official, paper, their kl=False NLL), ``grpo.grpo_loss`` or ``filtered_bc.action_nll``.
+    ``max_completion_length``: grpo's dr_grpo length (``policy.max_new_tokens``)."""
 
     args: WebRLConfig
 
-    def __init__(self, *a, **kw):
+    def __init__(self, *a, max_completion_length: int | None = None, **kw):
         super().__init__(*a, **kw)
-        self.loss_is_scaled_for_ga = False  # our loss is a per-micro-batch mean: let Trainer divide by GA steps
-        self._stats: dict[str, list[float]] = {}
+        self.max_completion_length = max_completion_length
+        # every loss is a per-micro-batch mean that the Trainer divides by the accumulation steps (as TRL divides
+        # grpo, bnpo and dr_grpo); dapo's is already a share of the whole step's tokens (TRL: not divided again)
+        self.loss_is_scaled_for_ga = self._dapo
+        self._stats: dict[str, list[float]] = {}    # since the last log
+        self._history: dict[str, list[float]] = {}  # the whole training's, for train_actor's stats
+
+    @property
+    def _dapo(self) -> bool:
+        return self.args.loss == "grpo" and self.args.loss_type == "dapo"
+
+    def train(self, *a, **kw):
+        self._stats, self._history = {}, {}  # not the micro-batch calibration's passes
+        return super().train(*a, **kw)
+
+    def _get_num_items_in_batch(self, batch_samples: list, device):
+        """dapo's N: the action tokens of the optimizer step's micro-batches, summed over the ranks (TRL's
+        ``num_items_in_batch`` of a generation batch, which is one optimizer step here)."""
+        if not self._dapo:
+            return super()._get_num_items_in_batch(batch_samples, device)
+        n = sum(int(b["n_action"].sum()) for b in batch_samples)
+        n = torch.tensor(float(n), device=device)
+        return self.accelerator.gather(n).sum() if self.args.world_size > 1 else n
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        logp = action_logprobs(model, inputs["input_ids"], inputs["attention_mask"], inputs["n_action"])
         a = self.args
-        loss, stats = webrl_actor_loss(logp, inputs["ref_logp"], inputs["n_action"].float(), inputs["adv"],
-                                       inputs["mask"], inputs["beta0"], loss=a.loss, kl=a.kl,
-                                       paper_logratio=a.paper_logratio, count_norm=a.count_norm)
+        ids, attention, n_action = inputs["input_ids"], inputs["attention_mask"], inputs["n_action"]
+        if a.loss == "grpo":
+            tok_logp, keep = action_token_logprobs(model, ids, attention, n_action)
+            if self._dapo:  # TRL: N / num_processes per rank; a calibration pass alone counts its own tokens
+                items = (n_action.sum() if num_items_in_batch is None
+                         else num_items_in_batch / self.accelerator.num_processes)
+            else:
+                items = None
+            ref = inputs["ref_token_logps"]  # the phase-start actor: it acted (old) and is the KL reference
+            loss, stats = grpo.grpo_loss(tok_logp, ref, ref, inputs["adv"], keep, a.beta, a.epsilon,
+                                         a.epsilon if a.epsilon_high is None else a.epsilon_high, a.loss_type,
+                                         self.max_completion_length, items)
+            logp = (tok_logp * keep).sum(-1)
+        else:
+            logp = action_logprobs(model, ids, attention, n_action)
+            if a.loss == "filtered_bc":
+                loss, stats = filtered_bc.action_nll(logp, n_action.float()), {}
+            else:
+                loss, stats = webrl_actor_loss(logp, inputs["ref_logp"], n_action.float(), inputs["adv"],
+                                               inputs["mask"], inputs["beta0"], loss=a.loss, kl=a.kl,
+                                               paper_logratio=a.paper_logratio, count_norm=a.count_norm)
         for k, v in stats.items():
             self._stats.setdefault(k, []).append(v)
+            self._history.setdefault(k, []).append(v)
         return (loss, {"logp": logp}) if return_outputs else loss
+
+    def stat_means(self) -> dict[str, float]:
+        """The training's loss statistics, each the mean over its micro-batches."""
+        return {k: sum(v) / len(v) for k, v in self._history.items() if v}
 
     def log(self, logs: dict, *args, **kwargs):
         for k, v in self._stats.items():
@@ -179,12 +248,13 @@ class WebRLTrainer(Trainer):
 # ---------------------------------------------------------------------------------------------
 # log-probs of actions (left padded: every sequence ends at the last column)
 
-def action_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    n_action: torch.Tensor) -> torch.Tensor:
-    """Sum over the last n_action tokens of each left-padded row of log pi(token | prefix).
+def action_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          n_action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """log pi(token | prefix) at the last k = max(n_action) positions of each left-padded row, [B, k], and the
+    [B, k] boolean action mask (row i's last n_action[i] positions).
 
-    Only the last max(n_action)+1 positions go through the LM head (``logits_to_keep``), so no [B, T, vocab]
-    tensor is built for long prompts."""
+    Only the last k+1 positions go through the LM head (``logits_to_keep``), so no [B, T, vocab] tensor is built
+    for long prompts."""
     k = int(n_action.max())
     pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
@@ -193,6 +263,14 @@ def action_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor
     targets = input_ids[:, -k:]
     tok_logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     keep = torch.arange(k, device=input_ids.device).unsqueeze(0) >= (k - n_action.to(input_ids.device)).unsqueeze(1)
+    return tok_logp, keep
+
+
+def action_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    n_action: torch.Tensor) -> torch.Tensor:
+    """Sum over the last n_action tokens of each left-padded row of log pi(token | prefix)
+    (``action_token_logprobs``)."""
+    tok_logp, keep = action_token_logprobs(model, input_ids, attention_mask, n_action)
     return (tok_logp * keep).sum(-1)
 
 
@@ -209,21 +287,25 @@ def encode_samples(tok, samples: list[dict], max_length: int) -> list[dict]:
 
 
 @torch.no_grad()
-def sequence_logprobs(model, rows: list[dict], pad_id: int, batch_size: int = 8,
-                      progress: bool = False) -> torch.Tensor:
-    """Sum of action-token log-probs for encoded rows, batched by length, in eval mode without grad."""
+def sequence_logprobs(model, rows: list[dict], pad_id: int, batch_size: int = 8, progress: bool = False,
+                      per_token: bool = False) -> torch.Tensor | list[list[float]]:
+    """Action log-probs of encoded rows, batched by length, in eval mode without grad: per row their sum
+    (``action_logprobs``; a [N] tensor) or, ``per_token``, the list of its n_action token log-probs."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    out = torch.zeros(len(rows), dtype=torch.float32)
+    sums, tokens = torch.zeros(len(rows), dtype=torch.float32), [[] for _ in rows]
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]["input_ids"]))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     for idx in track(batches, description="reference log-probs", disable=not progress):
         ids, mask = left_pad([rows[i]["input_ids"] for i in idx], pad_id)
         n = torch.tensor([rows[i]["n_action"] for i in idx])
-        out[idx] = action_logprobs(model, ids.to(device), mask.to(device), n).float().cpu()
+        tok_logp, keep = action_token_logprobs(model, ids.to(device), mask.to(device), n)
+        sums[idx] = (tok_logp * keep).sum(-1).float().cpu()  # summed where and as the training sums
+        for j, i in enumerate(idx if per_token else []):
+            tokens[i] = tok_logp[j][keep[j]].float().cpu().tolist()
     model.train(was_training)
-    return out
+    return tokens if per_token else sums
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,12 +340,51 @@ def compute_advantages(samples: list[dict], v: torch.Tensor, nv: torch.Tensor, c
     return a, mask
 
 
-def _check_samples(samples: list[dict]) -> None:
-    need = ("observation", "next_observation", "action", "reward", "done", "mc_return")
+def actor_loss_mode(cfg: WebRLConfig, critic_dir) -> str:
+    """What ``train_actor`` trains: "grpo", "filtered_bc" (also ``kl=False`` without a critic), "sft" (``kl=False``
+    with a critic: the Fig. 5 ablation), "paper" or "official" (these two need the critic)."""
+    if cfg.loss in ActorTrainConfig.CRITIC_FREE:
+        return cfg.loss
+    if not cfg.kl:
+        return "sft" if critic_dir is not None else "filtered_bc"
+    if critic_dir is None:
+        raise ValueError(f"train_actor: critic_dir is required for actor.loss={cfg.loss} (the critic-free losses: "
+                         f"{', '.join(ActorTrainConfig.CRITIC_FREE)})")
+    return cfg.loss
+
+
+def _check_samples(samples: list[dict], mode: str) -> None:
+    need = (("observation", "action", "task", "trajectory_reward", "episode_id") if mode in ("grpo", "filtered_bc")
+            else ("observation", "next_observation", "action", "reward", "done", "mc_return"))
     for i, s in enumerate(samples):
         miss = [k for k in need if k not in s or s[k] is None]
         if miss:
             raise ValueError(f"actor sample {i} (episode {s.get('episode_id')!r}): missing field(s) {miss}")
+
+
+def _sample_advantages(samples: list[dict], mode: str, cfg: WebRLConfig, critic_dir, settings, progress: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """(A, mask of the samples that train, V(s), stats) of the loss ``mode``; the critic, where one is used, is
+    loaded, run once per distinct prompt and freed here (``critic_s``: its run, without the loading)."""
+    if mode == "grpo":
+        adv, stats = grpo.episode_advantages(samples, cfg.scale_rewards)
+        # a sample with A = 0 adds exactly 0 to the clipped term and its gradient, so without the KL term it is
+        # dropped (as the official branch drops its masked samples; the batch means are then over the others)
+        mask = torch.ones_like(adv) if cfg.beta > 0 else (adv != 0).float()
+        return adv, mask, torch.zeros(0), stats | {"critic_s": 0.0}
+    if mode == "filtered_bc":
+        kept, stats = filtered_bc.select_successful_episodes(samples, cfg.bc_length_quantile)
+        kept_ids = {s["episode_id"] for s in kept}
+        mask = torch.tensor([float(s["episode_id"] in kept_ids) for s in samples])
+        return mask.clone(), mask, torch.zeros(0), {f"n_{k}": v for k, v in stats.items()} | {"critic_s": 0.0}
+    with _whole_models():
+        critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
+                             max_length=settings.models.max_length)
+    t0 = time.perf_counter()
+    v, nv = critic_values_for(samples, critic, settings, progress)
+    del critic  # freed before the actor is loaded: never two models in memory
+    adv, mask = compute_advantages(samples, v, nv, cfg)
+    return adv, mask, v, {"critic_s": round(time.perf_counter() - t0, 3)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,35 +392,24 @@ def _check_samples(samples: list[dict]) -> None:
 
 def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path, settings,
                 critic_dir: str | Path | None = None, max_steps: int | None = None, progress: bool = True) -> dict:
-    """One actor epoch of WebRL on step samples (transitions.py); saves an HF folder at ``out_dir``.
+    """One actor update on step samples (transitions.py); saves an HF folder at ``out_dir``.
 
-    ``critic_dir`` is required for the KL losses; with ``actor.kl=False`` and no critic, the successful
-    trajectories' steps are used (filtered BC). Returns timings and statistics (with the trainable and total
-    parameter counts).
+    ``critic_dir`` is required for the KL losses (official, paper) and their ``kl=False`` ablation; the critic-free
+    losses (grpo, filtered_bc, and ``kl=False`` without a critic, which is filtered_bc) take None. Returns timings
+    and statistics (with the trainable and total parameter counts; grpo: n_groups, n_uniform_groups,
+    n_singleton_groups, n_episodes, mean_abs_adv, clip_fraction, ratio, kl; filtered_bc: n_episodes,
+    n_successful_episodes, n_kept_episodes).
 
     The KL reference is the phase-start actor ``actor_dir``: its log-probs are computed by the freshly loaded model
     before the first update (with LoRA: a fresh, zero-initialised adapter on the merged ``actor_dir`` weights, so
     the model is exactly ``actor_dir``'s; see the module docstring), in the training forward's autocast."""
-    _check_samples(samples)
     out_dir = Path(out_dir)
     cfg = WebRLConfig.from_settings(settings, out_dir, max_steps)
-    t0 = time.perf_counter()
-    if critic_dir is not None:
-        with _whole_models():
-            critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
-                                 max_length=settings.models.max_length)
-        t0 = time.perf_counter()  # timings exclude loading
-        v, nv = critic_values_for(samples, critic, settings, progress)
-        del critic  # freed before the actor is loaded: never two models in memory
-        adv, mask = compute_advantages(samples, v, nv, cfg)
-    elif not cfg.kl:
-        v = nv = torch.zeros(len(samples))
-        adv = torch.tensor([1.0 if float(s["trajectory_reward"] if "trajectory_reward" in s else s["reward"]) >= 0.5
-                            else -0.6 for s in samples])
-        mask = (adv > 0).float()
-    else:
-        raise ValueError("train_actor: critic_dir is required for the KL-constrained loss (actor.kl=True)")
-    t_critic = time.perf_counter() - t0
+    mode = actor_loss_mode(cfg, critic_dir)
+    _check_samples(samples, mode)
+    if mode == "filtered_bc":
+        cfg.loss = "filtered_bc"  # kl=False without a critic: the same selection and NLL
+    adv, mask, v, mode_stats = _sample_advantages(samples, mode, cfg, critic_dir, settings, progress)
 
     tok = load_tokenizer(actor_dir)
     models_cfg = settings.models.model_copy(update={"device": _process_device(settings)})
@@ -310,28 +420,37 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
     t1 = time.perf_counter()
     micro = cfg.per_device_train_batch_size  # actor_micro_batches, resolved once in WebRLConfig.from_settings
-
-    def ref_pass(r):  # in the training forward's autocast, so log_ratio is 0 before the first update
-        with autocast_context(models_cfg, next(model.parameters()).device):
-            return sequence_logprobs(model, r, tok.pad_token_id, micro, progress).tolist()
-
-    ref_logp = torch.tensor(_dist_map(ref_pass, rows)) if rows else torch.zeros(0)
-    t_ref = time.perf_counter() - t1
     n_tok = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
     adv_k, mask_k = adv[keep], mask[keep]
-    ref_prob = adv_mod.reference_prob(ref_logp, n_tok)
-    if cfg.loss == "official":
-        beta0 = adv_mod.official_beta(adv_k, ref_prob, cfg.beta_low, cfg.beta_high)
-    else:
-        beta0 = torch.full_like(adv_k, cfg.beta)
-    for j, r in enumerate(rows):
-        r.update(ref_logp=float(ref_logp[j]), adv=float(adv_k[j]), mask=float(mask_k[j]), beta0=float(beta0[j]),
-                 length=len(r["input_ids"]))
+
+    def ref_pass(r, per_token=False):  # in the training forward's autocast, so the first log-ratio is exactly 0
+        with autocast_context(models_cfg, next(model.parameters()).device):
+            out = sequence_logprobs(model, r, tok.pad_token_id, micro, progress, per_token)
+        return out if per_token else out.tolist()
+
+    ref_logp = None  # filtered_bc has no reference: its pass would be pure cost
+    if mode == "grpo":
+        ref_tokens = _dist_map(lambda r: ref_pass(r, per_token=True), rows) if rows else []
+        ref_logp = torch.tensor([sum(t) for t in ref_tokens], dtype=torch.float32)
+        for j, r in enumerate(rows):
+            r.update(ref_token_logps=ref_tokens[j], adv=float(adv_k[j]))
+    elif mode != "filtered_bc":
+        ref_logp = torch.tensor(_dist_map(ref_pass, rows)) if rows else torch.zeros(0)
+        ref_prob = adv_mod.reference_prob(ref_logp, n_tok)
+        if cfg.loss == "official":
+            beta0 = adv_mod.official_beta(adv_k, ref_prob, cfg.beta_low, cfg.beta_high)
+        else:
+            beta0 = torch.full_like(adv_k, cfg.beta)
+        for j, r in enumerate(rows):
+            r.update(ref_logp=float(ref_logp[j]), adv=float(adv_k[j]), mask=float(mask_k[j]), beta0=float(beta0[j]))
+    for r in rows:
+        r["length"] = len(r["input_ids"])
+    t_ref = time.perf_counter() - t1
+    mean_ref_prob = None if ref_logp is None else float(adv_mod.reference_prob(ref_logp, n_tok).mean()) if rows else 0.0
 
     stats = {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
-             "critic_s": round(t_critic, 3), "ref_s": round(t_ref, 3),
-             "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": float(ref_prob.mean()) if len(rows) else 0.0,
-             "loss_mode": cfg.loss if cfg.kl else "sft", **count_parameters(model)}
+             "ref_s": round(t_ref, 3), "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": mean_ref_prob,
+             "loss_mode": mode, **mode_stats, **count_parameters(model)}
     if not rows:
         if _is_main_process():
             save_model(model, tok, out_dir)
@@ -340,7 +459,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     from datasets import Dataset
 
     trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
-                           data_collator=ActorCollator(tok.pad_token_id), callbacks=progress_callbacks("actor"))
+                           data_collator=ActorCollator(tok.pad_token_id), callbacks=progress_callbacks("actor"),
+                           max_completion_length=settings.policy.max_new_tokens)
     t2 = time.perf_counter()
     result = fit(trainer, "actor", settings.actor)
     t_train = time.perf_counter() - t2 - result.metrics["calibrate_s"]
@@ -351,7 +471,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
         loss_history.write(out_dir, "actor", trainer.state)
     trainer.accelerator.wait_for_everyone()
     lengths = [len(r["input_ids"]) for r in rows]
-    return stats | {"train_s": round(t_train, 3), "calibrate_s": result.metrics["calibrate_s"],
-                    "train_loss": result.training_loss, "steps": result.global_step,
-                    "tokens": sum(lengths), "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs,
-                    "loss_curve": _loss_curve(trainer)}
+    loss_stats = trainer.stat_means() if mode == "grpo" else {}
+    return stats | loss_stats | {
+        "train_s": round(t_train, 3), "calibrate_s": result.metrics["calibrate_s"],
+        "train_loss": result.training_loss, "steps": result.global_step, "tokens": sum(lengths),
+        "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs, "loss_curve": _loss_curve(trainer)}

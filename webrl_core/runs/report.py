@@ -351,6 +351,13 @@ def phase_warnings(metrics: dict) -> list[str]:
     if metrics.get("test_judge_fallback"):
         out.append(f"{int(metrics['test_judge_fallback'])} fuzzy test episode(s) were scored by the deterministic "
                    f"fallback, not an LLM judge, because eval.judge is none")
+    if metrics.get("actor_n_uniform_groups"):
+        out.append(f"{int(metrics['actor_n_uniform_groups'])} of {int(metrics.get('actor_n_groups', 0))} GRPO "
+                   f"group(s) had one outcome for all their episodes: advantage 0, they taught the actor nothing "
+                   f"(only the KL term)")
+    if metrics.get("judge_unparsed"):
+        out.append(f"{int(metrics['judge_unparsed'])} episode(s) got no verdict from the judge (reward.judge): "
+                   f"unlabelled, left out of training")
     return out
 
 

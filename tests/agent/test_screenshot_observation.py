@@ -8,9 +8,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,6 +15,7 @@ import pytest
 from PIL import Image, ImageChops
 from starlette.testclient import TestClient
 
+from chat_endpoint import ChatHandler, serve
 from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, openai_app
 from webrl_core.agent.rollout_policy import make_policy, rollout_identity
 from webrl_core.artifacts import ArtifactRef
@@ -41,52 +39,26 @@ def env_cfg(**kw) -> EnvConfig:
                         "settle_timeout_ms": 2000, **kw})
 
 
-class ScriptedEndpoint:
+class ScriptedEndpoint(ChatHandler):
     """``POST /v1/chat/completions`` answers the ``script``'s action for the step (the number of assistant turns in
     the request) and records every request; a request whose last user turn has no PNG image part gets a 400, so
     the rollout fails. ``GET /v1/models`` lists the model with a ``root`` (what ``served_model_digest`` reads)."""
 
-    def __init__(self) -> None:
-        self.script: list[str] = []
-        self.requests: list[dict] = []
-        endpoint = self
+    script: list[str] = []
+    models = {MODEL: "/m/qwen-vl"}
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
+    def answer(self, body):
+        parts = body["messages"][-1]["content"]
+        images = [p for p in parts if p.get("type") == "image_url"] if isinstance(parts, list) else []
+        if len(images) != 1 or \
+                not base64.b64decode(images[0]["image_url"]["url"].split(",", 1)[1]).startswith(PNG_SIGNATURE):
+            return 400, {"error": {"message": "expected one PNG image part in the last turn"}}
+        return type(self).script[sum(m["role"] == "assistant" for m in body["messages"])]
 
-            def _send(self, code: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "root": "/m/qwen-vl"}]})
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                endpoint.requests.append(body)
-                parts = body["messages"][-1]["content"]
-                images = [p for p in parts if p.get("type") == "image_url"] if isinstance(parts, list) else []
-                if self.path != "/v1/chat/completions" or len(images) != 1 or not \
-                        base64.b64decode(images[0]["image_url"]["url"].split(",", 1)[1]).startswith(PNG_SIGNATURE):
-                    return self._send(400, {"error": {"message": "expected one PNG image part in the last turn"}})
-                step = sum(m["role"] == "assistant" for m in body["messages"])
-                self._send(200, {"id": f"chat-{step}", "object": "chat.completion", "created": 0, "model": MODEL,
-                                 "choices": [{"index": 0, "finish_reason": "stop",
-                                              "message": {"role": "assistant", "content": endpoint.script[step]}}],
-                                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def reset(self, script: list[str]) -> None:
-        self.script, self.requests = script, []
+    @classmethod
+    def reset(cls, script: list[str]) -> None:
+        cls.script = script
+        cls.requests.clear()
 
 
 @pytest.fixture(scope="module")
@@ -98,10 +70,8 @@ def sites():
 
 @pytest.fixture(scope="module")
 def endpoint():
-    e = ScriptedEndpoint()
-    yield e
-    e.server.shutdown()
-    e.server.server_close()
+    with serve(ScriptedEndpoint):
+        yield ScriptedEndpoint
 
 
 @pytest.fixture(scope="module")
@@ -167,10 +137,10 @@ def test_compact_and_screenshot_reach_the_endpoint(sites, endpoint, demo, tmp_pa
                                screenshot_dir=tmp_path))
     assert ep["env_score"] == 1.0 and ep["error"] is None
     steps = ep["steps"]
-    assert len(steps) == len(script) == len(endpoint.requests) >= 3
+    assert len(steps) == len(script) == len(endpoint.bodies()) >= 3
     compact = PromptFormat(observation="compact")
     past: list[str] = []
-    for s, req in zip(steps, endpoint.requests):
+    for s, req in zip(steps, endpoint.bodies()):
         want = build_chat_messages(ep["intent"], past, s["html"], compat=compact)
         assert req["messages"][:-1] == want[:-1]
         text, _ = req["messages"][-1]["content"]
@@ -179,7 +149,7 @@ def test_compact_and_screenshot_reach_the_endpoint(sites, endpoint, demo, tmp_pa
         # the stored step keeps its prompt text, the compact one
         assert s["prompt"] == build_prompt(ep["intent"], past, s["html"], cfg.obs_char_budget, compat=compact)
         past.append(s["response"])
-    images = [image_of(r) for r in endpoint.requests]
+    images = [image_of(r) for r in endpoint.bodies()]
     check_pngs(images, steps)
     shots = tmp_path / ep["episode_id"]
     assert [(shots / f"{i}.png").read_bytes() for i in range(len(steps))] == images  # the viewer's PNGs
@@ -201,9 +171,9 @@ def test_the_screenshot_replaces_the_page(sites, endpoint, demo, tmp_path):
     policy = OpenAIPolicy(endpoint.base_url, MODEL, PolicyConfig(), temperature=0.0, style="chat", compat=fmt)
     [ep] = asyncio.run(rollout([task], policy, 1, cfg=env_cfg(), hooks=sites, progress=False, prompt_compat=fmt,
                                screenshot_dir=tmp_path))
-    assert ep["env_score"] == 1.0 and len(endpoint.requests) == len(ep["steps"]) >= 3
+    assert ep["env_score"] == 1.0 and len(endpoint.bodies()) == len(ep["steps"]) >= 3
     past: list[str] = []
-    for s, req in zip(ep["steps"], endpoint.requests):
+    for s, req in zip(ep["steps"], endpoint.bodies()):
         text = req["messages"][-1]["content"][0]["text"]
         assert text == build_chat_messages(ep["intent"], past, "")[-1]["content"]
         assert (ep["intent"] in text) == (not past)  # round 0 states the task; later ones follow the history
@@ -213,7 +183,7 @@ def test_the_screenshot_replaces_the_page(sites, endpoint, demo, tmp_path):
         assert lines and not any(ln.strip() in text for ln in lines)
         assert s["prompt"] == build_prompt(ep["intent"], past, "", env_cfg().obs_char_budget)
         past.append(s["response"])
-    check_pngs([image_of(r) for r in endpoint.requests], ep["steps"])
+    check_pngs([image_of(r) for r in endpoint.bodies()], ep["steps"])
     assert not any(tmp_path.iterdir())
 
 

@@ -17,6 +17,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from chat_endpoint import ChatHandler, serve
 from webrl_core.env import evaluators as ev
 from webrl_core.env.judge import VAB_UA_PROMPT, FallbackJudge, JudgeError, LLMJudge, fallback_ua_match
 from webrl_core.env.site_queries import webarena_site_helpers
@@ -69,56 +70,37 @@ def test_missing_answer_scores_as_empty_string():
 # ---------------------------------------------------------------------------------------------
 # a real OpenAI-compatible judge on 127.0.0.1 (deterministic rules over VAB's prompts it receives)
 
-class JudgeHandler(BaseHTTPRequestHandler):
-    """``/v1/chat/completions`` answering VAB's two prompts by fixed rules: fuzzy_match -> "Correct." when every
-    reference part is in the student answer, "Partially correct." when some are, "Incorrect." when none;
-    ua_match -> "same" when the reported reason holds half of the actual reason's words, else "different".
-    ``reply`` (class attribute) overrides the answer; ``fail`` answers 500."""
+class JudgeHandler(ChatHandler):
+    """Answers VAB's two prompts by fixed rules: fuzzy_match -> "Correct." when every reference part is in the
+    student answer, "Partially correct." when some are, "Incorrect." when none; ua_match -> "same" when the
+    reported reason holds half of the actual reason's words, else "different". ``reply`` (class attribute)
+    overrides the answer; ``fail`` answers 500. tests/env/test_web_env.py and tests/pipeline/test_evaluation.py
+    serve it too."""
 
-    requests: list = []
     fail = False
     reply: str | None = None
 
-    def log_message(self, *a):
-        pass
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
-        if type(self).fail or self.path != "/v1/chat/completions":
-            self.send_response(500)
-            self.end_headers()
-            return
+    def answer(self, body):
+        if type(self).fail:
+            return 500, None
         prompt = body["messages"][-1]["content"]
         ref = re.search(r"^reference answer: (.*)$", prompt, re.M)
         if type(self).reply is not None:
-            reply = type(self).reply
-        elif ref:
+            return type(self).reply
+        if ref:
             pred = re.search(r"^student answer: (.*)$", prompt, re.M).group(1).lower()
             parts = [p.strip().lower() for p in ref.group(1).split(",")]
             hits = sum(p in pred for p in parts)
-            reply = "Correct." if hits == len(parts) else "Partially correct." if hits else "Incorrect."
-        else:
-            actual = set(re.search(r"^actual unachievable reason: (.*)$", prompt, re.M).group(1).lower().split())
-            told = set(re.search(r"^reported unachievable reason: (.*)$", prompt, re.M).group(1).lower().split())
-            reply = "same" if len(actual & told) * 2 >= len(actual) else "different"
-        out = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                          "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                                       "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+            return "Correct." if hits == len(parts) else "Partially correct." if hits else "Incorrect."
+        actual = set(re.search(r"^actual unachievable reason: (.*)$", prompt, re.M).group(1).lower().split())
+        told = set(re.search(r"^reported unachievable reason: (.*)$", prompt, re.M).group(1).lower().split())
+        return "same" if len(actual & told) * 2 >= len(actual) else "different"
 
 
 @pytest.fixture(scope="module")
 def judge_url():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), JudgeHandler)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+    with serve(JudgeHandler) as url:
+        yield url
 
 
 @pytest.fixture

@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 import torch
 
+from actor_samples import button_steps, per_token_logp
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import webrl_trainer
 from webrl_core.learn.filtered_bc import _quantile, action_nll, select_successful_episodes
-from webrl_core.learn.models import build_embedded_model, load_causal_lm, load_tokenizer, train_embedded_tokenizer
+from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.transitions import build_transitions
-from webrl_core.learn.webrl_trainer import encode_samples, sequence_logprobs, train_actor, webrl_actor_loss
+from webrl_core.learn.webrl_trainer import train_actor, webrl_actor_loss
 from webrl_core.prompts import build_prompt
 
 
@@ -93,26 +94,14 @@ def _episodes():
     for t in range(2):
         for r, (ok, n) in enumerate([(True, 1), (True, 3), (False, 1), (False, 1)]):
             ep = {"episode_id": f"t{t}r{r}", "success": ok, "intent": f"open item {t}", "phase": 1}
-            steps, past = [], []
-            for k in range(n):
-                resp = f'do(action="Click", element="{t + k if ok else 9}")'
-                steps.append({"idx": k, "prompt": build_prompt(ep["intent"], past, f"<button id={t}>Open</button>"),
-                              "response": resp})
-                past.append(resp)
-            eps.append((ep, steps))
+            responses = [f'do(action="Click", element="{t + k if ok else 9}")' for k in range(n)]
+            eps.append((ep, button_steps(ep["intent"], responses, f"<button id={t}>Open</button>")))
     return build_transitions(eps)
 
 
 def _settings(*extra):
     return load_config(sets=["models.device=cpu", "models.max_length=256", "actor.batch_size=2", "actor.lr=0.01",
                              "actor.epochs=5", "actor.loss=filtered_bc", *extra])
-
-
-def _mean_token_logp(model_dir, samples, settings):
-    tok = load_tokenizer(model_dir)
-    rows = encode_samples(tok, samples, settings.models.max_length)
-    n = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
-    return (sequence_logprobs(load_causal_lm(model_dir, settings.models), rows, tok.pad_token_id, 8) / n).mean().item()
 
 
 def test_train_actor_filtered_bc_without_critic_or_reference(tiny, tmp_path, monkeypatch):
@@ -129,7 +118,8 @@ def test_train_actor_filtered_bc_without_critic_or_reference(tiny, tmp_path, mon
     assert (stats["n_episodes"], stats["n_successful_episodes"], stats["n_kept_episodes"]) == (8, 4, 2)
     assert stats["n_train"] == 2 and stats["steps"] == 5  # 2 samples, batch 2, 5 epochs
     kept = [s for s in samples if s["episode_id"] in ("t0r0", "t1r0")]
-    rise = _mean_token_logp(tmp_path / "bc", kept, settings) - _mean_token_logp(tiny, kept, settings)
+    rise = (per_token_logp(tmp_path / "bc", kept, settings).mean().item()
+            - per_token_logp(tiny, kept, settings).mean().item())
     assert rise > 1.0, rise  # the imitated actions became likelier
     # kl=False without a critic is the same filtered BC
     folded = train_actor(samples, tiny, tmp_path / "fold", _settings("actor.loss=official", "actor.kl=false"),

@@ -10,6 +10,7 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
+from actor_samples import button_steps, per_token_logp
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import grpo
@@ -228,13 +229,8 @@ def _episodes(tasks=3, per_task=4, uniform_task=True):
         for r in range(per_task):
             ok = True if uniform_task and t == tasks - 1 else r % 2 == 0
             ep = {"episode_id": f"t{t}r{r}", "success": ok, "intent": f"open item {t}", "phase": 1}
-            steps, past = [], []
-            for k in range(1 + r % 2):
-                resp = f'do(action="Click", element="{t + (0 if ok else 7 + r)}")'
-                steps.append({"idx": k, "prompt": build_prompt(ep["intent"], past, f"<button id={t}>Open</button>"),
-                              "response": resp})
-                past.append(resp)
-            eps.append((ep, steps))
+            resp = f'do(action="Click", element="{t + (0 if ok else 7 + r)}")'
+            eps.append((ep, button_steps(ep["intent"], [resp] * (1 + r % 2), f"<button id={t}>Open</button>")))
     return build_transitions(eps)
 
 
@@ -289,14 +285,6 @@ def test_accumulated_step_gradient_matches_trl(tiny, tmp_path, loss_type):
     assert max(v.abs().max().item() for v in ours.values()) > 1e-4  # a real gradient
 
 
-def _per_token_logp(model_dir, samples, settings):
-    tok = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir, settings.models)
-    rows = encode_samples(tok, samples, settings.models.max_length)
-    n = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
-    return sequence_logprobs(model, rows, tok.pad_token_id, 8) / n
-
-
 def test_train_actor_grpo_without_critic(tiny, tmp_path, monkeypatch):
     samples = _episodes()
     first = []
@@ -326,7 +314,7 @@ def test_train_actor_grpo_without_critic(tiny, tmp_path, monkeypatch):
     assert max((after[k] - start[k]).abs().max().item() for k in start) > 1e-3
     # the successes' actions became likelier than the failures' (per token, relative to the start)
     trained = [s for s in samples if s["task"] != "open item 2"]
-    rise = _per_token_logp(tmp_path / "a", trained, settings) - _per_token_logp(tiny, trained, settings)
+    rise = per_token_logp(tmp_path / "a", trained, settings) - per_token_logp(tiny, trained, settings)
     won = torch.tensor([s["trajectory_reward"] > 0 for s in trained])
     assert rise[won].mean() > rise[~won].mean() + 0.1, (rise[won].mean(), rise[~won].mean())
 

@@ -6,16 +6,14 @@ store of real embedded-site episodes."""
 from __future__ import annotations
 
 import base64
-import json
 import math
 import struct
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from chat_endpoint import ChatHandler, serve
 from webrl_core.config_loader import load_config
 from webrl_core.learn import outcome_judge as oj
 from webrl_core.pretrained import resolve_model_ref
@@ -34,43 +32,25 @@ def _rule(text: str) -> str:
     return "The page does not show the change.\nNOT SUCCESS"
 
 
-class ScriptedJudge(BaseHTTPRequestHandler):
-    """``/v1/chat/completions`` answering by ``rule`` (class attribute: text of the user turn -> reply); records
-    every request; ``fail`` answers 500."""
+class ScriptedJudge(ChatHandler):
+    """Answers by ``rule`` (class attribute: text of the user turn -> reply); records every request; ``fail``
+    answers 500."""
 
-    requests: list = []
     rule = staticmethod(_rule)
     fail = False
 
-    def log_message(self, *a):
-        pass
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
-        if type(self).fail or self.path != "/v1/chat/completions":
-            self.send_response(500)
-            self.end_headers()
-            return
+    def answer(self, body):
+        if type(self).fail:
+            return 500, None
         user = body["messages"][-1]["content"]
         text = user if isinstance(user, str) else "".join(p["text"] for p in user if p["type"] == "text")
-        out = json.dumps({"id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                          "choices": [{"index": 0, "message": {"role": "assistant", "content": type(self).rule(text)},
-                                       "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
+        return type(self).rule(text)
 
 
 @pytest.fixture(scope="module")
 def judge_url():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedJudge)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+    with serve(ScriptedJudge) as url:
+        yield url
 
 
 @pytest.fixture

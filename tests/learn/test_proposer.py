@@ -8,12 +8,11 @@ import asyncio
 import html
 import json
 import random
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
+from chat_endpoint import chat_handler, serve
 from webrl_core.artifacts import read_json
 from webrl_core.config_loader import load_config
 from webrl_core.env.judge import needs_judge
@@ -136,48 +135,29 @@ def test_parse_proposals_reads_replies_of_many_shapes():
     assert parse_proposals("") == [] and parse_proposals("Output:\n- ok\n- 123456789") == []
 
 
-class _Proposer(BaseHTTPRequestHandler):
-    """An OpenAI-compatible chat endpoint that answers like an LLM proposer: prose, then its tasks after Output:."""
-
-    prompts: list[str] = []
-
-    def log_message(self, *a):
-        pass
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        prompt = body["messages"][0]["content"]
-        type(self).prompts.append(prompt)
-        name = prompt.split("Website: ", 1)[1].split("\n", 1)[0]
-        first = prompt.split("What its start page shows:\n- ", 1)[1].split("\n", 1)[0]
-        reply = (f"Here are tasks for {name}.\nOutput:\n1. Find {first} on {name} and tell me what it shows\n"
-                 f"2. Name the three newest things listed on the start page of {name}\n")
-        out = json.dumps({"id": "c", "object": "chat.completion", "created": 0, "model": body["model"], "choices": [
-            {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply}}]})
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out.encode())
+def _propose(body: dict) -> str:
+    """An LLM proposer's answer to the prompt: prose, then its tasks after Output:."""
+    prompt = body["messages"][0]["content"]
+    name = prompt.split("Website: ", 1)[1].split("\n", 1)[0]
+    first = prompt.split("What its start page shows:\n- ", 1)[1].split("\n", 1)[0]
+    return (f"Here are tasks for {name}.\nOutput:\n1. Find {first} on {name} and tell me what it shows\n"
+            f"2. Name the three newest things listed on the start page of {name}\n")
 
 
 def test_llm_proposer_asks_with_the_sites_context_and_marks_its_tasks_for_the_judge(tmp_path, contexts):
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Proposer)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    _Proposer.prompts = []
-    try:
+    proposer = chat_handler(_propose)
+    with serve(proposer) as url:
         s = load_config("smoke", sets=[f"run.root={tmp_path}", "curriculum.generator=propose", "sites.workers=thread",
-                                       f"curriculum.base_url=http://127.0.0.1:{srv.server_address[1]}/v1",
+                                       f"curriculum.base_url={url}",
                                        "curriculum.model_name=proposer", "curriculum.generation_turns=1",
                                        "curriculum.tasks_per_phase=10"])
         ref, stats = generate_tasks(s, str(tmp_path / "run"), 1, "bootstrap")  # an empty run: no failures needed
-    finally:
-        srv.shutdown()
-    assert len(_Proposer.prompts) == len(SITES)  # one call per site (2 tasks each, asked in one turn)
+    prompts = [body["messages"][0]["content"] for body in proposer.bodies()]
+    assert len(prompts) == len(SITES)  # one call per site (2 tasks each, asked in one turn)
     for site in SITES:
         ctx = contexts[site]
         start = html.unescape(ctx.pages["/"])
-        (prompt,) = [p for p in _Proposer.prompts if f"Website: {ctx.name}\n" in p]
+        (prompt,) = [p for p in prompts if f"Website: {ctx.name}\n" in p]
         assert ctx.name and f"<title>{ctx.name}</title>" in start
         shown = ctx.start_entities[:5]
         assert len(shown) >= 5 and all(f"- {e}\n" in prompt and e in start for e in shown), site

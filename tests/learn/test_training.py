@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import TrainingArguments
 
+from actor_samples import button_steps, per_token_logp
 from webrl_core.config import ActorTrainConfig, EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic, critic_examples
@@ -130,13 +131,8 @@ def _samples():
     eps = []
     for e in range(4):
         ep = {"episode_id": f"s{e}", "success": True, "intent": f"open item {e}"}
-        steps, past = [], []
-        for k in range(2):
-            resp = f'do(action="Click", element="{e + k}")'
-            steps.append({"idx": k, "prompt": build_prompt(ep["intent"], past, f"<button id={e + k}>Open</button>"),
-                          "response": resp})
-            past.append(resp)
-        eps.append((ep, steps))
+        eps.append((ep, button_steps(ep["intent"], [f'do(action="Click", element="{e + k}")' for k in range(2)],
+                                     [f"<button id={e + k}>Open</button>" for k in range(2)])))
     return build_transitions(eps)
 
 
@@ -147,14 +143,6 @@ def _check_loss_history(model_dir, training: str, stats: dict) -> None:
     assert doc is not None and doc["training"] == training and doc["global_step"] == stats["steps"]
     assert doc["logging_steps"] == 1 and [h["step"] for h in doc["history"]] == list(range(1, stats["steps"] + 1))
     assert [[h["step"], h["loss"]] for h in doc["history"]] == stats["loss_curve"]
-
-
-def _per_token_logp(model_dir, samples, settings):
-    tok = load_tokenizer(model_dir)
-    model = load_causal_lm(model_dir, settings.models)
-    rows = encode_samples(tok, samples, settings.models.max_length)
-    n = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
-    return sequence_logprobs(model, rows, tok.pad_token_id, 8) / n
 
 
 def _settings(*extra):
@@ -170,8 +158,8 @@ def test_official_loss_raises_positive_actions_with_bounded_kl(tiny, tmp_path, a
                         progress=False)
     assert stats["n_train"] == len(samples) == stats["n_positive"]  # successes: every step is positive
     _check_loss_history(tmp_path / "a", "actor", stats)
-    before = _per_token_logp(tiny[arch], samples, settings)
-    after = _per_token_logp(tmp_path / "a", samples, settings)
+    before = per_token_logp(tiny[arch], samples, settings)
+    after = per_token_logp(tmp_path / "a", samples, settings)
     ratio = (after - before).mean().item()
     assert ratio > 0.3, ratio  # the actions' log-prob rose
     # the KL-constrained target is A / beta = 1 nat per token (beta = 1 here, ref_prob << 0.8); the loss and its
@@ -181,12 +169,12 @@ def test_official_loss_raises_positive_actions_with_bounded_kl(tiny, tmp_path, a
     if arch == "llama":  # the ablation without KL keeps pushing on the same data and budget
         train_actor(samples, tiny[arch], tmp_path / "sft", _settings("actor.kl=false"),
                     critic_dir=tiny[f"critic_{arch}"], progress=False)
-        sft_ratio = (_per_token_logp(tmp_path / "sft", samples, settings) - before).mean().item()
+        sft_ratio = (per_token_logp(tmp_path / "sft", samples, settings) - before).mean().item()
         assert sft_ratio > ratio + 1.0, (sft_ratio, ratio)
         # actor.beta_low = 5: the same unsure steps are pushed to A / 5 = 0.2 nat per token only
         train_actor(samples, tiny[arch], tmp_path / "b5", _settings("actor.beta_low=5"),
                     critic_dir=tiny[f"critic_{arch}"], progress=False)
-        b5_ratio = (_per_token_logp(tmp_path / "b5", samples, settings) - before).mean().item()
+        b5_ratio = (per_token_logp(tmp_path / "b5", samples, settings) - before).mean().item()
         print("per-token log-ratio: beta_low 1", ratio, "beta_low 5", b5_ratio, "no KL", sft_ratio)
         assert 0 < b5_ratio < ratio - 0.5, (b5_ratio, ratio)
 
@@ -200,8 +188,8 @@ def test_lora_paper_loss_and_saved_folders(tiny, tmp_path):
     assert stats["loss_mode"] == "paper" and stats["n_train"] == len(samples)
     assert (tmp_path / "a" / "adapter" / "adapter_config.json").exists()
     assert (tmp_path / "a" / "model.safetensors").exists()  # merged full weights
-    before = _per_token_logp(tiny["llama"], samples, settings)
-    after = _per_token_logp(tmp_path / "a", samples, settings)
+    before = per_token_logp(tiny["llama"], samples, settings)
+    after = per_token_logp(tmp_path / "a", samples, settings)
     n = torch.tensor([r["n_action"] for r in encode_samples(load_tokenizer(tiny["llama"]), samples, 256)])
     seq_ratio = ((after - before) * n).mean().item()
     # Eq. 6 fits beta * sum-log-ratio to A (|A| <= 1 here, beta = 0.5): up, but not beyond about A / beta
@@ -222,8 +210,8 @@ def test_sft_bootstrap_learns_the_actions(tiny, tmp_path, capfd, monkeypatch):
     # one progress line of ours ("train sft ... 20/20 ... loss"), not the Trainer's printed log dicts or TRL's panel
     assert "train sft" in shown.out and "20/20" in shown.out
     assert "{'loss'" not in shown.out + shown.err and "Step 10" not in shown.out
-    before = _per_token_logp(tiny["llama"], samples, settings)
-    after = _per_token_logp(tmp_path / "sft", samples, settings)
+    before = per_token_logp(tiny["llama"], samples, settings)
+    after = per_token_logp(tmp_path / "sft", samples, settings)
     assert (after - before).mean().item() > 1.0
     with pytest.raises(ValueError, match="pair 0"):
         sft_train([("only a prompt",)], tiny["llama"], tmp_path / "x", settings)

@@ -200,9 +200,13 @@ def test_the_rollout_identity_tells_the_observations_apart(endpoint):
 @pytest.mark.parametrize("observation", ["compact+screenshot", "screenshot"])
 def test_a_policy_without_image_input_is_refused_before_anything_starts(observation, tmp_path):
     fmt = PromptFormat(observation=observation)
-    hf = load_config(sets=["policy.backend=hf", f"prompt.observation={observation}"])
     ref = ArtifactRef(path=str(tmp_path / "no-such-actor"), sha256="0" * 64, kind="model")
     pattern = rf"prompt.observation='{observation.replace('+', '[+]')}'.*policy.backend='hf'"
+    with pytest.raises(ValueError, match=pattern):  # the config itself, when it loads
+        load_config(sets=["policy.backend=hf", f"prompt.observation={observation}"])
+    # settings built past the loader (model_copy skips validation) are refused by the stage too
+    text = load_config(sets=["policy.backend=hf"])
+    hf = text.model_copy(update={"prompt": text.prompt.model_copy(update={"observation": observation})})
     # the HF policy fails before it reads the (missing) checkpoint; the stage before it serves or browses
     with pytest.raises(ValueError, match=pattern):
         HFPolicy(tmp_path / "no-such-actor", style="chat", compat=fmt)

@@ -54,7 +54,7 @@ def update_critic(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, 
                                                  resume=prev_critic_ref.path))
 
 
-@stage("run", "models", "actor", "critic", "training")
+@stage("run", "models", "actor", "critic", "training", "policy.max_new_tokens")  # dr_grpo divides by it
 def update_actor(settings, run_dir: str, phase: int, samples_ref: ArtifactRef, replay_ref: ArtifactRef,
                  actor_ref: ArtifactRef, critic_ref: ArtifactRef | None) -> tuple[ArtifactRef, dict]:
     """Actor k from actor k-1 (also the KL reference) with advantages from critic k; a critic-free loss

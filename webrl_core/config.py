@@ -121,11 +121,12 @@ class WebRLSettings(Section):
                              f"prompt.observation: compact or compact_id_after, or bootstrap.sft_list_shuffle: 0)")
         return self
 
-    @model_validator(mode="after")
-    def _recipe_knobs_fit(self) -> WebRLSettings:
-        """The other recipes' knobs need their counterparts: GRPO a group per task, the judge reward a judge,
-        PAE's LLM-proposed tasks (which carry no evaluator) a reward that does not come from the evaluators, and a
-        screenshot observation a policy that takes images (an OpenAI-compatible chat endpoint)."""
+    def check_combinations(self) -> WebRLSettings:
+        """The other recipes' knobs need their counterparts in other sections: GRPO a group per task, the judge
+        reward a judge, PAE's LLM-proposed tasks (which carry no evaluator) a reward that does not come from the
+        evaluators, and a screenshot observation a policy that takes images (an OpenAI-compatible chat endpoint).
+        ValueError naming the fields. Not a validator: a stage rebuilds the settings from the sections it declares,
+        the others at their defaults, which would fail these checks; ``load_config`` runs it on the whole config."""
         if self.actor.loss == "grpo" and self.curriculum.rollouts_per_task < 2:
             raise ValueError("actor.loss=grpo normalises each episode's reward within its task's group: set "
                              "curriculum.rollouts_per_task >= 2 (it is 1: every advantage would be 0)")

@@ -226,11 +226,13 @@ def load_config(path: str | Path | None = None, overlays: list[str | Path] = (),
         data.setdefault("sites", {})
         data["sites"]["urls"] = {**(data["sites"].get("urls") or {}), **env_urls}
     try:
-        return WebRLSettings.model_validate(data)
+        return WebRLSettings.model_validate(data).check_combinations()
     except ValidationError as e:
         if all(err["type"] == PATH_MISSING for err in e.errors()):
             raise _missing_paths_error(e.errors(), source) from None
         raise ConfigError(_format_errors(e, source)) from None
+    except ValueError as e:  # check_combinations: fields of two sections that do not go together
+        raise ConfigError(f"invalid config {source}: {e}") from None
 
 
 def dump_config(cfg: WebRLSettings) -> str:

@@ -61,13 +61,15 @@ def webrl_ablate(config: str = "demo", phases: int = 4, seeds: list[int] | None 
                 log.info("seed %d, %s: %d phases done", seed, v, phases)
     summary = ablation.summarise(ablation.ablation_rows(root, seeds, variants))
     table = ablation.markdown(summary) + ablation.stops_markdown(stops)
-    order = ablation.fig5_order(summary, variants)
+    fig5 = any(v in ablation.VARIANTS and v != "webrl" for v in variants)  # else a comparison of recipes
+    order = ablation.fig5_order(summary, variants) if fig5 else ""
     plot = ablation.plot(summary, root / "ablation.png")
     report = root / "ablation.md"
     source = f", phase 0 of {shared}" if shared else ""
     recipes = [v for v in variants if v not in ablation.VARIANTS or v == "webrl"]
     compared = recipe_comparison.report_markdown(root, seeds, variants) if len(recipes) > 1 else ""
-    report.write_text(f"# WebRL ablation ({config}, seeds {seeds}, {phases} phases{source})\n\n"
+    title = "WebRL ablation" if fig5 else "Recipes compared"
+    report.write_text(f"# {title} ({config}, seeds {seeds}, {phases} phases{source})\n\n"
                       f"Held-out test success (%), mean over seeds (min-max):\n\n{table}\n{order}\n{compared}")
     with tracking.start_run(root, "webrl-ablate", config={"config": config, "phases": phases, "seeds": seeds,
                                                           "variants": variants, "overrides": overrides,

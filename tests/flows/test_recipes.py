@@ -43,13 +43,17 @@ def test_grpo_and_pae_phases_from_one_start(tmp_path, smoke_run):
     store = TrajectoryStore(root / "seed=0" / "grpo")
     groups = store.sql("SELECT task_id, count(*) AS n FROM episodes WHERE phase = 1 AND purpose = 'rollout' GROUP BY 1")
     assert sorted(g["n"] for g in groups) == [4, 4, 4]
-    assert reports["grpo"]["rollout_episodes"] == 12 and reports["grpo"]["actor_n_groups"] == 3
-    assert reports["grpo"]["actor_loss_mode"] == "grpo"
+    grpo = reports["grpo"]
+    assert grpo["rollout_episodes"] == 12 and grpo["actor_n_groups"] == 3 and grpo["actor_n_episodes"] == 12
+    assert grpo["actor_n_train"] == grpo["actor_n_samples"] > 0  # beta > 0: zero-advantage steps train the KL
 
     # PAE: the judge labelled the episodes, and its agreement with the sites' evaluators is reported
     pae = reports["pae"]
     assert pae["reward_source"] == "judge" and 0.0 <= pae["judge_accuracy"] <= 1.0
-    assert pae["actor_loss_mode"] == "filtered_bc"
+    assert pae["judge_yes"] + pae["judge_unparsed"] <= pae["rollout_episodes"]
+    assert pae["proposed_judge_only"] == 0 and pae["generated"] == 3  # the embedded proposer: scoreable tasks
+    # filtered BC trains on the judged successes only, the shortest of each task's (one episode a task here)
+    assert pae["actor_n_successful_episodes"] == pae["judge_yes"] and pae["actor_n_kept_episodes"] <= pae["judge_yes"]
 
     report = (root / "ablation.md").read_text()
     for section in ("Cost per phase", "Test success per site", "Tasks lost and gained"):

@@ -58,10 +58,11 @@ def cost_markdown(rows: list[dict]) -> str:
         groups.setdefault((r["variant"], r["phase"]), []).append(r)
     lines = ["| recipe | phase | wall time (min) | rollout episodes | tokens trained | seeds |", "|---|---|---|---|---|---|"]
     for (v, k), rs in groups.items():
-        def mean(col, scale=1.0):
+        def mean(col, scale=1.0, digits=0):
             xs = [r[col] for r in rs if r[col] is not None]
-            return f"{sum(xs) / len(xs) / scale:,.1f}" if xs else "-"
-        lines.append(f"| {v} | {k} | {mean('wall_s', 60)} | {mean('episodes')} | {mean('tokens_trained')} | {len(rs)} |")
+            return f"{sum(xs) / len(xs) / scale:,.{digits}f}" if xs else "-"
+        lines.append(f"| {v} | {k} | {mean('wall_s', 60, 1)} | {mean('episodes')} | {mean('tokens_trained')} | "
+                     f"{len(rs)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -19,7 +19,7 @@ import os
 import pytest
 
 SMOKE_RUN_FILES = {"tests/flows/test_flows.py", "tests/flows/test_ablate.py", "tests/flows/test_faults.py",
-                   "tests/flows/test_docs_commands.py", "tests/flows/test_recipes.py"}
+                   "tests/flows/test_docs_commands.py", "tests/flows/test_recipe_phases.py"}
 
 
 def pytest_configure(config: pytest.Config) -> None:

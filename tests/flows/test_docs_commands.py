@@ -81,7 +81,7 @@ COVERED: dict[str, str] = {
     "webrl eval": "tests/flows/test_flows.py::test_evaluations_of_two_models_in_one_run_dir_never_mix",
     "webrl reproduce": "tests/flows/test_flows.py::test_reproduce_matches",
     "webrl ablate": "tests/flows/test_ablate.py::test_ablation_shares_one_bootstrap_and_reports_every_variant",
-    "webrl ablate --variants": "tests/flows/test_recipes.py::test_grpo_and_pae_phases_from_one_start",  # recipes
+    "webrl ablate --variants": "tests/flows/test_recipe_phases.py::test_grpo_and_pae_phases_from_one_start",  # recipes
     "webrl sft": "tests/learn/test_training.py::test_sft_bootstrap_learns_the_actions",
     "webrl serve prefect": "tests/agent/test_serve_signals.py::test_serve_prefect_stops_its_tree",
     "webrl env miniwob": "tests/env/test_miniwob.py::test_cli_prints_a_success_table",

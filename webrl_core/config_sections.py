@@ -1,5 +1,6 @@
 """The config's sections (pydantic v2 models), each the settings of one part of the loop, and the constants their
-validators read: the serving engines' default commands (``SERVING_COMMANDS``), the accelerate configs' folder.
+validators read: the serving engines' default commands (``SERVING_COMMANDS``). Where the stages run (``training``,
+``rollout``) is ``webrl_core.config``'s.
 
 Every field has a default and a one-line description (``Field(description=...)``); unknown keys, wrong types and
 missing paths are validation errors. ``webrl_core.config`` assembles them into ``WebRLSettings``, the whole config,
@@ -22,7 +23,6 @@ from webrl_core.prompts import COMPATS, OBSERVATIONS, STYLES
 from webrl_core.websites import ALL_SITES
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ACCELERATE_CONFIGS = REPO_ROOT / "infra" / "accelerate"
 
 PATH_MISSING = "path_missing"  # the pydantic error type of a configured path that does not exist
 
@@ -561,69 +561,3 @@ class EvalConfig(Section):
 class TrackingConfig(Section):
     mlflow_uri: str | None = Field(None, description="MLflow tracking URI; empty: sqlite in the run dir; MLFLOW_TRACKING_URI wins")
     experiment: str = Field("webrl", description="MLflow experiment name")
-
-
-def accelerate_config_names() -> list[str]:
-    return sorted(p.stem for p in ACCELERATE_CONFIGS.glob("*.yaml"))
-
-
-def accelerate_config_path(name: str) -> Path:
-    """A name in infra/accelerate/ (with or without .yaml) or an existing file path."""
-    p = Path(os.path.expanduser(name))
-    if p.is_file():
-        return p.resolve()
-    cand = ACCELERATE_CONFIGS / (name if name.endswith((".yaml", ".yml")) else f"{name}.yaml")
-    if cand.is_file():
-        return cand
-    raise ValueError(f"accelerate config {name!r} is neither a file nor one of {accelerate_config_names()} "
-                     f"in {ACCELERATE_CONFIGS}")
-
-
-class TrainingConfig(Section):
-    """How the training stages run: in the flow's process, or as `accelerate launch` jobs (webrl_core.scale.launch)."""
-
-    launcher: Literal["inprocess", "accelerate"] = Field(
-        "inprocess", description="inprocess: train in the flow's process; accelerate: run each training stage "
-        "(critic, actor, SFT, ORM) as an `accelerate launch` job of num_processes ranks")
-    accelerate_config: str = Field(
-        "ddp", description="accelerate config: a name in infra/accelerate/ (ddp, fsdp, deepspeed_zero3) or a path "
-        "to an accelerate config YAML")
-    num_processes: int = Field(2, ge=1, description="ranks of an accelerate job (GPUs; processes on CPU)")
-    python: str | None = Field(
-        None, description="interpreter that runs `accelerate launch` and the ranks (needs webrl, accelerate); "
-        "empty: the flow's own (sys.executable)")
-    extra_args: list[str] = Field(
-        default_factory=list, description="more `accelerate launch` arguments, e.g. [--num_machines, '2', "
-        "--machine_rank, '0', --main_process_ip, 10.0.0.1]; a free --main_process_port is picked unless given")
-
-    @model_validator(mode="after")
-    def _config_exists(self) -> TrainingConfig:
-        if self.launcher == "accelerate":
-            accelerate_config_path(self.accelerate_config)
-        return self
-
-
-class RolloutConfig(Section):
-    """Where rollouts run: in the stage's process, or as shards on a Ray cluster (``webrl_core.scale.ray_rollout``)."""
-
-    engine: Literal["local", "ray"] = Field(
-        "local", description="local: the stage's process runs every episode; ray: shards of episodes run as Ray "
-        "tasks across a Ray cluster (webrl_core.scale.ray_rollout)")
-    ray_address: str | None = Field(
-        None, description="Ray cluster to join (host:port of the head's GCS, 'auto' for the cluster `ray start` "
-        "made on this machine, or ray://host:10001); null: the RAY_ADDRESS env var, else a local cluster is "
-        "started for the rollout and stopped after it")
-    shard_size: int = Field(8, ge=1, description="episodes per Ray task; each task starts its own sites server and "
-                            "browser pool (smaller: better balance and less re-run work after a failure, more "
-                            "start-up cost)")
-    retries: int = Field(3, ge=0, description="times Ray re-runs a shard whose worker or node died (max_retries); "
-                         "finished episodes are kept, only the unfinished ones run again")
-    cpus_per_shard: float = Field(1.0, gt=0, description="Ray CPUs a shard reserves (a node runs at most "
-                                  "num_cpus / cpus_per_shard shards at once, each with env.n_envs browsers)")
-    policy_serving: Literal["shared", "per_shard"] = Field(
-        "shared", description="policy.backend=hf: shared serves the checkpoint once from the driver as an "
-        "OpenAI-compatible endpoint every shard calls; per_shard loads a model copy in every shard (the "
-        "checkpoint path must exist on every node). Other backends ignore it")
-    policy_host: str = Field(
-        "127.0.0.1", description="interface the shared policy server binds and the shards call; loopback serves "
-        "only shards on the driver's machine: set the driver's IP for a multi-machine cluster")

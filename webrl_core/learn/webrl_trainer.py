@@ -436,7 +436,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
             r.update(ref_token_logps=ref_tokens[j], adv=float(adv_k[j]))
     elif mode != "filtered_bc":
         ref_logp = torch.tensor(_dist_map(ref_pass, rows)) if rows else torch.zeros(0)
-        ref_prob = adv_mod.reference_prob(ref_logp, n_tok)
+    ref_prob = None if ref_logp is None else adv_mod.reference_prob(ref_logp, n_tok)
+    if mode not in ActorTrainConfig.CRITIC_FREE:  # the WebRL losses: per-sample beta from the reference
         if cfg.loss == "official":
             beta0 = adv_mod.official_beta(adv_k, ref_prob, cfg.beta_low, cfg.beta_high)
         else:
@@ -446,7 +447,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     for r in rows:
         r["length"] = len(r["input_ids"])
     t_ref = time.perf_counter() - t1
-    mean_ref_prob = None if ref_logp is None else float(adv_mod.reference_prob(ref_logp, n_tok).mean()) if rows else 0.0
+    mean_ref_prob = None if ref_prob is None else float(ref_prob.mean()) if rows else 0.0
 
     stats = {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
              "ref_s": round(t_ref, 3), "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": mean_ref_prob,

@@ -194,6 +194,10 @@ class ModelsConfig(Section):
         None, ge=1, description="train only the top N decoder layers and the final norm (embeddings, LM head and the "
         "layers below stay frozen: no weight gradients and no backward below them); empty: all weights (or LoRA)")
     max_length: int = Field(4096, ge=64, description="max tokens of prompt+action; the observation is cut, never the action")
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
+        "auto", description="attention kernel (transformers' attn_implementation). auto: a CPU training stage measures "
+        "sdpa against eager with its micro-batch and keeps the faster (learn/micro_batch.py), every other pass uses "
+        "transformers' default (sdpa); a name: every trained model and every causal LM loaded uses it")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings for every trained model")
     embedded: EmbeddedModelConfig = Field(default_factory=EmbeddedModelConfig, description="embedded default model sizes")
 
@@ -294,7 +298,8 @@ class OrmConfig(Section):
     max_html_chars: int = Field(12000, ge=100, description="characters of final HTML in the ORM prompt (HTML is cut, never the question)")
     epochs: float = Field(3.0, gt=0, description="ORM SFT epochs")
     lr: float = Field(5e-4, gt=0, description="ORM learning rate (embedded tiny model; 5e-6 for 8B as in the paper)")
-    batch_size: int = Field(8, ge=1, description="ORM training/scoring micro-batch")
+    batch_size: int = Field(8, ge=1, description="ORM training step (its micro-batch measured on a CPU); the scoring "
+                            "batch where none is measured (a CPU measures it: learn/micro_batch.py scoring_batch)")
     eval_fraction: float = Field(0.2, ge=0, lt=1, description="held-out share for ORM accuracy/precision/recall")
     positives: Literal["policy_first", "any"] = Field(
         "policy_first", description="which YES examples the class balance keeps: policy_first, the policies' own "
@@ -370,7 +375,8 @@ class ReplayConfig(Section):
     low: float = Field(0.5, ge=0, le=1, description="keep steps with 1/PPL > low")
     high: float = Field(0.95, ge=0, le=1, description="... and 1/PPL <= high")
     cap_ratio: float = Field(2.0, ge=0, description="at most cap_ratio x the current phase's step count")
-    batch_size: int = Field(8, ge=1, description="micro-batch of the perplexity pass (chosen by measurement on CPU)")
+    batch_size: int | None = Field(None, ge=1, description="batch of the perplexity pass; empty: measured on a CPU "
+                                   "(learn/micro_batch.py scoring_batch), 8 elsewhere")
     scoring: Literal["all", "until_cap"] = Field(
         "until_cap", description="all: 1/PPL of every buffered step, then window and cap (the official code); "
                                  "until_cap: score a seeded shuffle until the cap is filled (the same random "

@@ -1,6 +1,6 @@
-"""learn.micro_batch: the micro-batch of a CPU training stage is measured on the box, kept per shape, and changes
-how a step is computed, never the step: a calibrated SFT ends with the weights of an SFT run at the chosen
-micro-batch set by hand."""
+"""learn.micro_batch: the micro-batch and attention kernel of a CPU training stage are measured on the box, kept per
+shape, and change how a step is computed, never the step: a calibrated SFT ends with the weights of an SFT run at
+the chosen micro-batch and kernel set by hand."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ import torch
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import micro_batch
-from webrl_core.learn.models import build_embedded_model, load_causal_lm, train_embedded_tokenizer
+from webrl_core.learn.models import (attention_of, build_embedded_model, load_causal_lm, set_attention,
+                                     load_tokenizer, train_embedded_tokenizer)
+from webrl_core.learn.replay import score_replay
 from webrl_core.learn.sft_trainer import sft_train
 from webrl_core.prompts import build_prompt
 
@@ -38,9 +40,22 @@ def _settings(*extra):
 
 def test_candidates_are_divisors_with_enough_items():
     assert micro_batch.candidates(8, 100) == [1, 2, 4, 8]
-    assert micro_batch.candidates(8, 10) == [1, 2]  # 4 would need 12 items (a warm-up and two timed passes)
+    assert micro_batch.candidates(8, 3) == [1, 2]  # 4 would need 4 items in each round
     assert micro_batch.candidates(6, 100) == [1, 2, 3, 6]
     assert micro_batch.candidates(1, 1) == [1]
+
+
+def test_auto_measures_both_kernels_and_a_named_kernel_is_loaded_and_kept(tiny):
+    auto = load_causal_lm(tiny, _settings().models, trainable=True)
+    assert attention_of(auto) == "sdpa" and micro_batch.kernels(auto, "auto") == ["sdpa", "eager"]
+    named = load_causal_lm(tiny, _settings("models.attn_implementation=eager").models, trainable=True)
+    assert attention_of(named) == "eager" and micro_batch.kernels(named, "eager") == ["eager"]
+    ids = torch.arange(5, 40).unsqueeze(0)
+    with torch.no_grad():
+        a, b = auto(input_ids=ids).logits, named(input_ids=ids).logits
+        assert torch.allclose(a, b, atol=1e-5)  # the same attention up to rounding
+        set_attention(auto, "eager")
+        assert attention_of(auto) == "eager" and torch.allclose(auto(input_ids=ids).logits, b, atol=1e-6)
 
 
 def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tiny, tmp_path, monkeypatch, capfd):
@@ -53,23 +68,50 @@ def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tin
     kept = json.loads(micro_batch.cache_file().read_text())
     (entry,) = kept.values()
     assert entry["stage"] == "sft" and entry["batch_size"] == 4
-    rates = {int(m): r for m, r in entry["tokens_per_s"].items()}
+    rates = {(int(c.split("/")[0]), c.split("/")[1]): r for c, r in entry["tokens_per_s"].items()}
+    assert set(rates) == {(m, k) for m in (1, 2, 4) for k in ("sdpa", "eager")}  # interleaved: all measured
     assert all(r > 0 for r in rates.values())
-    measured = sorted(rates)
-    assert measured == [1, 2, 4][:len(measured)] and len(measured) >= 2  # ascending, from 1
-    if len(measured) < 3:  # stopped early: the last one was clearly slower than the best
-        assert rates[measured[-1]] < (1 - micro_batch.STOP) * max(rates.values())
-    assert rates[entry["micro"]] >= (1 - micro_batch.TIE) * max(rates.values())  # the fastest (or a near tie)
-    assert all(rates[m] < (1 - micro_batch.TIE) * max(rates.values()) for m in rates if m < entry["micro"])
+    best = max(rates.values())
+    chosen = (entry["micro"], entry["attention"])
+    assert rates[chosen] >= (1 - micro_batch.TIE) * best  # the fastest (or a near tie)
+    assert all(r < (1 - micro_batch.TIE) * best for c, r in rates.items() if c[0] < chosen[0])  # ties: smaller m
+    assert f"{entry['attention']} attention" in said
 
     sft_train(_pairs(), tiny, tmp_path / "again", settings, max_steps=2)  # the same shape: read, not measured
     assert "by measurement" not in capfd.readouterr().out
 
     monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "0")  # the same step, the micro-batch set by hand
-    sft_train(_pairs(), tiny, tmp_path / "fixed", _settings(f"actor.micro_batch_size={entry['micro']}"), max_steps=2)
+    sft_train(_pairs(), tiny, tmp_path / "fixed", _settings(f"actor.micro_batch_size={entry['micro']}",
+                                                            f"models.attn_implementation={entry['attention']}"),
+              max_steps=2)
     start = load_causal_lm(tiny, settings.models).state_dict()
     measured = load_causal_lm(tmp_path / "measured", settings.models).state_dict()
     fixed = load_causal_lm(tmp_path / "fixed", settings.models).state_dict()
     assert max((measured[k] - start[k]).abs().max().item() for k in start) > 1e-4  # the steps did something
     for k in start:  # calibration left the RNG and the data order as they were
         assert torch.allclose(measured[k], fixed[k], atol=1e-6), k
+
+
+def test_a_scoring_pass_measures_its_batch_once_and_scores_as_a_fixed_batch_does(tiny, tmp_path, monkeypatch,
+                                                                                  capfd):
+    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = load_causal_lm(tiny, _settings().models)
+    tok = load_tokenizer(tiny)
+    pairs = [(p, a) for p, a in _pairs()] * 15  # 240 items: enough to pay for measuring
+    rows = [{"episode_id": f"e{i}", "idx": 0, "phase": 0, "prompt": p, "response": a, "intent": f"task {i}"}
+            for i, (p, a) in enumerate(pairs)]
+    few = micro_batch.scoring_batch("replay", model, [len(p) for p, _ in pairs[:40]], lambda idx, b: None, 3)
+    assert few == 3 and not micro_batch.cache_file().exists()  # too small to pay: the default, nothing measured
+    measured, stats = score_replay(rows, model, tok, 100, low=0.0, high=1.0, batch_size=None, scoring="all")
+    said = capfd.readouterr().out
+    assert "replay: scoring batch " in said, said
+    (entry,) = json.loads(micro_batch.cache_file().read_text()).values()
+    assert entry["stage"] == "score:replay" and set(entry["rates"]) == {"1", "2", "4", "8"}
+    best = max(entry["rates"].values())
+    assert entry["rates"][str(entry["batch"])] >= (1 - micro_batch.TIE) * best
+    fixed, _ = score_replay(rows, model, tok, 100, low=0.0, high=1.0, batch_size=entry["batch"], scoring="all")
+    assert "by measurement" not in capfd.readouterr().out
+    assert [r["rank_score"] for r in measured] == pytest.approx([r["rank_score"] for r in fixed], abs=1e-6)
+    again = micro_batch.scoring_batch("replay", model, [len(p) + len(a) for p, a in pairs], lambda idx, b: None, 3)
+    assert again == entry["batch"]  # kept: read, not measured (the no-op scorer would make any measurement 0 s)

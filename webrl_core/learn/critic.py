@@ -47,9 +47,10 @@ import torch.nn.functional as F
 from rich.progress import track
 from torch import nn
 
+from webrl_core.learn.micro_batch import scoring_batch
 from webrl_core.learn.models import (apply_lora, count_parameters, downcast_frozen, enable_checkpointing,
                                encode_prompt, from_pretrained, left_pad, load_tokenizer, resolve_device,
-                               torch_dtype, train_top_layers, upcast_trainable)
+                               set_attention, torch_dtype, train_top_layers, upcast_trainable)
 
 CRITIC_JSON = "critic.json"
 HEADS_FILE = "heads.safetensors"
@@ -154,6 +155,8 @@ class Critic(nn.Module):
             train_top_layers(self.backbone, models_cfg.train_layers)
         elif not lora.enabled:
             self.backbone.requires_grad_(True)
+        if models_cfg.attn_implementation != "auto":
+            set_attention(self.backbone, models_cfg.attn_implementation)
         self.head1.float().requires_grad_(True)
         self.head2.float().requires_grad_(True)
         downcast_frozen(upcast_trainable(self), torch_dtype(models_cfg.dtype))
@@ -227,9 +230,13 @@ class Critic(nn.Module):
         return {"input_ids": ids, "attention_mask": mask}
 
     @torch.no_grad()
-    def values(self, prompts: list[str], batch_size: int = 8, progress: bool = False
+    def values(self, prompts: list[str], batch_size: int | None = None, progress: bool = False
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(V = min(p1, p2), p1, p2) for each prompt; prompts are batched by length to limit padding."""
+        """(V = min(p1, p2), p1, p2) for each prompt; prompts are batched by length to limit padding, ``batch_size``
+        at a time (None: measured on a CPU, ``micro_batch.scoring_batch``; 8 elsewhere)."""
+        if batch_size is None:
+            batch_size = scoring_batch("critic", self, [len(p) for p in prompts],
+                                       lambda idx, b: self.values([prompts[i] for i in idx], b), 8)
         was_training = self.training
         self.eval()
         n = len(prompts)

@@ -102,7 +102,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
                             data_collator=CriticCollator(critic.tokenizer.pad_token_id),
                             callbacks=progress_callbacks("critic"))
     t0 = time.perf_counter()
-    result = fit(trainer, "critic", settings.critic)
+    result = fit(trainer, "critic", settings.critic, settings.models.attn_implementation)
     train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
 
     full = _full_model(trainer, lambda: build("cpu"))

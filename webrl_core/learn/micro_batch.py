@@ -1,24 +1,30 @@
-"""The micro-batch of a training stage, chosen by measurement on the box it runs on.
+"""The micro-batch and attention kernel of a training stage, chosen by measurement on the box it runs on.
 
 An optimizer step of ``batch_size`` items runs as forward/backward passes of ``m`` items, ``m`` a divisor of
 ``batch_size``, gradient accumulation making up the rest: the step is the same for every ``m`` (each pass's loss is
 its items' mean, divided by the accumulation steps), only its speed differs, and which ``m`` is fastest depends on
 the box. On an AVX2 CPU in float32 one sequence per pass wins: padding costs more than batching saves
-(``webrl bench train``); on a CPU with a bf16 matrix unit (AMX), larger passes feed the unit (a probe of the SFT step
-on a 2-core AMX Xeon: 53, 100 and 155 tokens/s at m = 1, 4 and 8); on a GPU the whole batch goes in one pass.
+(``webrl bench train``); on a CPU with a bf16 matrix unit (AMX), larger passes feed the unit. The attention kernel
+is the same kind of choice (``models.attn_implementation: auto``): the same softmax(QK^T/sqrt(d))V up to rounding,
+by PyTorch's fused CPU kernel (sdpa) or by two batched matmuls and a softmax (eager). On a 2-core AMX Xeon the fused
+kernel's backward ran at about 85 GFLOP/s while the matmuls ran near the box's bf16 peak, so eager won there at a
+micro-batch of 4 (docs/benchmarks.md).
 
-So where ``actor.micro_batch_size`` / ``critic.micro_batch_size`` is empty and the stage trains on a CPU,
-``calibrate`` times each candidate ``m`` on the stage's own data with the stage's own ``Trainer.training_step``
-(forward, loss and backward under its autocast; no optimizer step, gradients cleared, the RNG state restored, so
-the training that follows is the one an uncalibrated run would do): one warm-up pass, then ``REPS`` timed passes of
-``m`` items drawn by a seeded sample and grouped by length as the length-grouped sampler groups them, in ascending
-``m``, stopping at the first ``m`` more than ``STOP`` slower than the best so far (larger passes only pad more then:
-on the AVX2 box that spares the most expensive candidates). The fastest ``m`` in trained tokens per second wins; ties
-within ``TIE`` go to the smaller one (less memory, less padding). The
-choice is kept in ``~/.cache/webrl/micro-batch.json`` per CPU, threads, stage, model shape, dtype, trained
-parameters, batch size and length bucket, so a box measures each shape once.
+So where a stage trains on a CPU and ``actor.micro_batch_size`` / ``critic.micro_batch_size`` is empty (or set and
+the kernel ``auto``: then only the kernels are candidates), ``calibrate`` times each candidate (``m``, kernel) on
+the stage's own data with the stage's own ``Trainer.training_step`` (forward, loss and backward under its autocast; no optimizer step, gradients cleared, the
+RNG state restored, so the training that follows is the one an uncalibrated run would do). The candidates are
+interleaved: round r draws ``max m`` items by a seeded sample, sorted by length as the length-grouped sampler groups
+them, and every candidate passes over those same items in passes of its ``m``; round 0 is the warm-up (kernel
+selection, allocations), then ``REPS`` timed rounds. A box whose speed drifts from minute to minute (a shared VM:
+2-4x seen on the AMX Xeon) then shifts every candidate of a round alike instead of favouring whichever ran in a fast
+minute. A candidate's rate is its median over the rounds, in trained tokens per second; the fastest wins, and ties
+within ``TIE`` go to the smaller ``m`` (less memory, less padding) and then to the default kernel. The choice is
+kept in ``~/.cache/webrl/micro-batch.json`` per CPU, threads, stage, model shape, dtype, trained parameters, batch
+size, length bucket and kernel setting, so a box measures each shape once.
 
-``WEBRL_CALIBRATE=0`` keeps the fixed CPU default (1), as the test suite does for its exact comparisons.
+``WEBRL_CALIBRATE=0`` keeps the fixed CPU default (micro-batch 1, the loaded kernel), as the test suite does for its
+exact comparisons.
 """
 
 from __future__ import annotations
@@ -28,18 +34,23 @@ import hashlib
 import json
 import os
 import random
+import statistics
 import time
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 
 from webrl_core.artifacts import replace_text, user_cache_dir
+from webrl_core.learn.models import attention_of, set_attention
 
 CALIBRATE_ENV = "WEBRL_CALIBRATE"
-REPS = 2
+REPS = 3
 TIE = 0.05
-STOP = 0.15
 MAX_MICRO = 16
+SCORING_BATCHES = (1, 2, 4, 8)
+SCORING_PAYS = 2  # a scoring pass is measured only when it scores this many times the items measuring takes
+KERNELS = ("sdpa", "eager")  # models.attn_implementation: auto measures these (both run on every CPU build)
 
 
 def cache_file() -> Path:
@@ -51,23 +62,31 @@ def enabled() -> bool:
 
 
 def candidates(batch_size: int, n_items: int) -> list[int]:
-    """Divisors of ``batch_size`` up to ``MAX_MICRO``, each with enough items for a warm-up and ``REPS`` passes
-    (1 always)."""
-    return [m for m in range(1, min(batch_size, MAX_MICRO) + 1)
-            if batch_size % m == 0 and (m == 1 or m * (REPS + 1) <= n_items)]
+    """Divisors of ``batch_size`` up to ``MAX_MICRO`` and ``n_items`` (1 always)."""
+    return [m for m in range(1, min(batch_size, MAX_MICRO) + 1) if batch_size % m == 0 and (m == 1 or m <= n_items)]
 
 
-def _key(trainer, stage: str, batch_size: int, lengths: list[int]) -> str:
+def kernels(model, setting: str) -> list[str]:
+    """The attention kernels to measure: ``KERNELS`` (the loaded one first) under ``auto`` when the model runs one
+    of them, else only the one it runs (a kernel set by name, or a model without a choice)."""
+    loaded = attention_of(model)
+    if setting != "auto" or loaded not in KERNELS:
+        return [loaded]
+    return [loaded] + [k for k in KERNELS if k != loaded]
+
+
+def _key(model, stage: str, lengths: list[int], *more) -> str:
+    """The cache key of a measurement: CPU, threads, stage, model shape, trained parameters, the median length's
+    power-of-2 bucket, and what else the choice depends on (``more``)."""
     from webrl_core.hardware import cpu_summary
 
-    model = trainer.model
     cfg = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
     shape = {k: getattr(cfg, k, None) for k in ("model_type", "hidden_size", "intermediate_size",
                                                 "num_hidden_layers", "vocab_size")}
     trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
     median = sorted(lengths)[len(lengths) // 2]
-    blob = json.dumps([cpu_summary(), torch.get_num_threads(), stage, shape, trained, trainer.args.bf16,
-                       batch_size, 1 << max(0, median - 1).bit_length()], sort_keys=True)
+    blob = json.dumps([cpu_summary(), torch.get_num_threads(), stage, shape, trained,
+                       1 << max(0, median - 1).bit_length(), *more], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -83,55 +102,117 @@ def _write(key: str, entry: dict) -> None:
         replace_text(cache_file(), json.dumps(_read() | {key: entry}, indent=1, sort_keys=True))
 
 
-def _tokens_per_s(trainer, rows: list[dict], m: int) -> float:
-    """Trained tokens per second of ``REPS`` passes of ``m`` rows after a warm-up pass."""
-    rng = random.Random(m)
-    picked = sorted(rng.sample(rows, min(len(rows), m * (REPS + 1))), key=lambda r: len(r["input_ids"]))
-    groups = [picked[i:i + m] for i in range(0, len(picked), m)]
+def _label(m: int, kernel: str | None) -> str:
+    return f"{m}/{kernel}"
+
+
+def _passes(trainer, items: list[dict], m: int, kernel: str | None) -> tuple[float, int]:
+    """Seconds and trained tokens of ``items`` in forward/backward passes of ``m`` under ``kernel``."""
     model = trainer.model
-    seconds = tokens = 0.0
-    if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by the training loop, read by the step
-        trainer.current_gradient_accumulation_steps = 1
-    for i, group in enumerate(groups[:REPS + 1]):
+    if kernel is not None:
+        set_attention(model, kernel)
+    seconds, tokens = 0.0, 0
+    for i in range(0, len(items), m):
+        group = items[i:i + m]
         inputs = trainer._prepare_inputs(trainer.data_collator(group))
         t0 = time.perf_counter()
         with trainer.accelerator.autocast():  # the train loop's own autocast starts with train(), not before
             trainer.training_step(model, inputs)
-        if i:  # the first pass is the warm-up (kernel selection, allocations)
-            seconds += time.perf_counter() - t0
-            tokens += sum(len(r["input_ids"]) for r in group)
+        seconds += time.perf_counter() - t0
+        tokens += sum(len(r["input_ids"]) for r in group)
         model.zero_grad(set_to_none=True)
-    return tokens / seconds if seconds else 0.0
+    return seconds, tokens
 
 
-def calibrate(trainer, stage: str, batch_size: int, grad_accum: int) -> int:
-    """The fastest micro-batch for ``trainer``'s stage on this box (module docstring), applied to its arguments
-    (per-device batch and accumulation steps) before it trains; returns it."""
+def measure(trainer, rows: list[dict], ms: list[int], ks: list[str | None]) -> dict[tuple[int, str | None], float]:
+    """Median trained tokens/s of every (m, kernel) over ``REPS`` interleaved rounds after a warm-up pass each
+    (module docstring)."""
+    if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by the training loop, read by the step
+        trainer.current_gradient_accumulation_steps = 1
+    cands = [(m, k) for k in ks for m in ms]
+    size = min(max(ms), len(rows))
+    draws = [sorted(random.Random(r).sample(rows, size), key=lambda x: len(x["input_ids"])) for r in range(REPS + 1)]
+    for m, k in cands:
+        _passes(trainer, draws[0][:m], m, k)
+    rates: dict[tuple[int, str | None], list[float]] = {c: [] for c in cands}
+    for items in draws[1:]:
+        for m, k in cands:
+            seconds, tokens = _passes(trainer, items, m, k)
+            rates[(m, k)].append(tokens / seconds if seconds else 0.0)
+    return {c: statistics.median(r) for c, r in rates.items()}
+
+
+def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_setting: str = "auto",
+              micro_batch_size: int | None = None) -> int:
+    """The fastest micro-batch and attention kernel for ``trainer``'s stage on this box (module docstring), applied
+    to its model and arguments (per-device batch and accumulation steps) before it trains; returns the
+    micro-batch. ``micro_batch_size``: the section's, set by hand (only the kernel is measured)."""
     rows = [trainer.train_dataset[i] for i in range(len(trainer.train_dataset))]
-    ms = candidates(batch_size, len(rows))
-    if len(ms) > 1:
-        key = _key(trainer, stage, batch_size, [len(r["input_ids"]) for r in rows])
+    ms = [micro_batch_size] if micro_batch_size else candidates(batch_size, len(rows))
+    ks = kernels(trainer.model, kernel_setting)
+    micro, kernel = ms[0], ks[0]
+    if len(ms) * len(ks) > 1:
+        key = _key(trainer.model, stage, [len(r["input_ids"]) for r in rows], trainer.args.bf16, batch_size,
+                   kernel_setting)
         entry = _read().get(key)
-        if entry is None or entry.get("micro") not in ms:
-            rates: dict[int, float] = {}
+        if entry is None or entry.get("micro") not in ms or entry.get("attention") not in ks:
             with torch.random.fork_rng(devices=[]):  # the training that follows draws what it would have drawn
-                for m in ms:
-                    rates[m] = _tokens_per_s(trainer, rows, m)
-                    if rates[m] < (1 - STOP) * max(rates.values()):
-                        break
+                rates = measure(trainer, rows, ms, ks)
             best = max(rates.values())
-            micro = min(m for m, r in rates.items() if r >= (1 - TIE) * best)
-            entry = {"micro": micro, "tokens_per_s": {str(m): round(r, 1) for m, r in rates.items()},
-                     "stage": stage, "batch_size": batch_size, "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                         time.gmtime())}
+            micro, kernel = min((c for c, r in rates.items() if r >= (1 - TIE) * best),
+                                key=lambda c: (c[0], ks.index(c[1])))
+            entry = {"micro": micro, "attention": kernel, "stage": stage, "batch_size": batch_size,
+                     "tokens_per_s": {_label(*c): round(r, 1) for c, r in rates.items()},
+                     "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             _write(key, entry)
-            print(f"{stage}: micro-batch {micro} of {batch_size} by measurement here ("
-                  + ", ".join(f"{m}: {r:.0f}" for m, r in rates.items()) + f" tokens/s; kept in {cache_file()})",
-                  flush=True)
-        micro = entry["micro"]
-    else:
-        micro = ms[0]
+            print(f"{stage}: micro-batch {micro} of {batch_size}, {kernel} attention, by measurement here ("
+                  + ", ".join(f"{_label(*c)}: {r:.0f}" for c, r in rates.items()) + f" tokens/s; kept in "
+                  f"{cache_file()})", flush=True)
+        micro, kernel = entry["micro"], entry["attention"]
+    if kernel is not None:
+        set_attention(trainer.model, kernel)
     trainer.args.per_device_train_batch_size = micro
     trainer.args.gradient_accumulation_steps = grad_accum * (batch_size // micro)
     trainer._train_batch_size = micro  # the Trainer read it from the arguments when built
     return micro
+
+
+def scoring_batch(stage: str, model, lengths: Sequence[int], score: Callable[[list[int], int], object],
+                  default: int) -> int:
+    """The fastest batch of a forward-only scoring pass on this box (the critic's values, the ORM's P(YES), the
+    replay's 1/PPL): ``score(indices, b)`` scores those items, of ``lengths``, in length-sorted batches of ``b``.
+    Candidates ``SCORING_BATCHES`` up to the item count, measured in interleaved rounds as ``calibrate`` measures
+    (each round's items scored by every candidate; the median rate over ``REPS`` rounds after a warm-up; ties to
+    the smaller batch); kept per CPU, threads, stage, model shape, dtype and length bucket. Without a measurement
+    (calibration off, not a CPU, or a pass too small to pay for measuring it, ``SCORING_PAYS``, and none kept):
+    ``default``."""
+    param = next(model.parameters())
+    bs = [b for b in SCORING_BATCHES if b <= len(lengths)]
+    if not enabled() or param.device.type != "cpu" or len(bs) < 2:
+        return default
+    key = _key(model, f"score:{stage}", list(lengths), str(param.dtype), attention_of(model))
+    entry = _read().get(key)
+    if entry is None or entry.get("batch") not in bs:
+        size = max(bs)
+        if len(lengths) < SCORING_PAYS * (REPS * len(bs) * size + sum(bs)):
+            return default
+        draws = [sorted(random.Random(r).sample(range(len(lengths)), size), key=lambda i: lengths[i])
+                 for r in range(REPS + 1)]
+        for b in bs:
+            score(draws[0][:b], b)  # warm-up
+        rates: dict[int, list[float]] = {b: [] for b in bs}
+        for items in draws[1:]:
+            n = sum(lengths[i] for i in items)
+            for b in bs:
+                t0 = time.perf_counter()
+                score(items, b)
+                rates[b].append(n / max(time.perf_counter() - t0, 1e-9))
+        median = {b: statistics.median(r) for b, r in rates.items()}
+        best = max(median.values())
+        batch = min(b for b, r in median.items() if r >= (1 - TIE) * best)
+        entry = {"batch": batch, "stage": f"score:{stage}", "rates": {str(b): round(r, 1) for b, r in median.items()},
+                 "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        _write(key, entry)
+        print(f"{stage}: scoring batch {batch} by measurement here (" + ", ".join(f"{b}: {r:.0f}" for b, r in
+              median.items()) + f" length units/s; kept in {cache_file()})", flush=True)
+    return entry["batch"]

@@ -118,6 +118,23 @@ def autocast_context(cfg: ModelsConfig, device: str | torch.device):
     return torch.autocast(device_type=dev.type, dtype=torch_dtype(cfg.dtype))
 
 
+def set_attention(model, implementation: str) -> None:
+    """Every Hugging Face model inside ``model`` (an LM, a critic's backbone, a peft wrapper's base) computes its
+    attention with ``implementation`` from the next forward on (``models.attn_implementation``)."""
+    from transformers import PreTrainedModel
+
+    for m in model.modules():
+        if isinstance(m, PreTrainedModel) and m.config._attn_implementation != implementation:
+            m.set_attn_implementation(implementation)
+
+
+def attention_of(model) -> str | None:
+    """The attention implementation of the first Hugging Face model inside ``model`` (None: there is none)."""
+    from transformers import PreTrainedModel
+
+    return next((m.config._attn_implementation for m in model.modules() if isinstance(m, PreTrainedModel)), None)
+
+
 def upcast_trainable(model) -> torch.nn.Module:
     """Trainable parameters to float32 (the master weights); frozen ones keep their dtype."""
     for p in model.parameters():
@@ -201,6 +218,8 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
             raise
         raise _loading(p, "model", e) from e
     model.to(resolve_device(cfg.device))
+    if cfg.attn_implementation != "auto":
+        set_attention(model, cfg.attn_implementation)
     if not trainable:
         model.eval().requires_grad_(False)
         return model

@@ -36,6 +36,7 @@ from typing import Mapping, Sequence
 import torch
 
 from webrl_core.config import ModelsConfig, OrmConfig
+from webrl_core.learn.micro_batch import scoring_batch
 from webrl_core.learn.models import (ORM_ANSWER_TOKENS, encode_prompt, encode_prompt_action, head_logits,
                                last_hidden_states, left_pad, load_causal_lm, load_tokenizer, position_ids_from_mask,
                                resolve_device, save_model, trainer_precision_args, unwrap)
@@ -99,8 +100,11 @@ class OrmScorer:
 
     @torch.no_grad()
     def p_yes(self, prompts: Sequence[str], batch_size: int | None = None) -> list[float]:
-        bs = batch_size or self.cfg.batch_size
+        """P(YES | prompt) of each prompt, in length-sorted batches of ``batch_size`` (None: measured on a CPU,
+        ``micro_batch.scoring_batch``; ``orm.batch_size`` elsewhere)."""
         ids = [encode_prompt(self.tok, p, self.models_cfg.max_length) for p in prompts]
+        bs = batch_size or scoring_batch("orm", self.model, [len(x) for x in ids],
+                                         lambda idx, b: self.p_yes([prompts[i] for i in idx], b), self.cfg.batch_size)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         out = [0.0] * len(ids)
         for start in range(0, len(order), bs):
@@ -215,7 +219,7 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
     trainer = SelectedLogitsSFTTrainer(model=model, args=args,
                                        train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
                                        processing_class=tok, callbacks=progress_callbacks("orm"))
-    fit(trainer, "orm", cfg)  # the ORM's step is its batch_size; its micro-batch is measured
+    fit(trainer, "orm", cfg, models_cfg.attn_implementation)  # the ORM's step is its batch_size; its micro-batch is measured
     model = trainer.model
     model.eval()
     out = save_model(model, tok, out_dir)  # under accelerate: a saver that writes from the main process only

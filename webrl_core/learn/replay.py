@@ -22,7 +22,8 @@ subset, as the first ``cap`` of the shuffled in-window list are), but ``until_ca
 cap / (in-window share) steps instead of the whole buffer, which grows every phase (the demo's 1,267 oracle steps
 took 16 minutes of a 2-core CPU to keep 180). Its ``in_window`` count and mean score are then over the scored steps.
 
-Speed: items are sorted by length and scored in left-padded micro-batches; the backbone returns hidden states and
+Speed: items are sorted by length and scored in left-padded micro-batches (``replay.batch_size``; empty: the
+fastest on this CPU, ``micro_batch.scoring_batch``); the backbone returns hidden states and
 only the hidden states at the positions that predict action tokens go through the LM head (the official method
 builds [T, V] logits for the whole sequence, one item at a time; ``official_perplexity`` reproduces it as the
 benchmark's reference). With left padding every row's action sits at the end, so one gather picks all positions.
@@ -36,6 +37,7 @@ from typing import Iterable, Sequence
 
 import torch
 
+from webrl_core.learn.micro_batch import scoring_batch
 from webrl_core.learn.models import encode_prompt_action, head_logits, last_hidden_states, left_pad
 from webrl_core.prompts import STOP_TOKEN
 
@@ -122,15 +124,20 @@ def select_replay(rows: Sequence[dict], scores: Sequence[float], n_current_steps
 
 
 def score_replay(candidates: Sequence[dict], model, tok, n_current_steps: int, low: float = 0.5, high: float = 0.95,
-                 cap_ratio: float = 2.0, max_length: int = 4096, batch_size: int = 8, seed: int = 0,
+                 cap_ratio: float = 2.0, max_length: int = 4096, batch_size: int | None = 8, seed: int = 0,
                  progress: bool = False, scoring: str = "all") -> tuple[list[dict], dict]:
     """The whole replay step: de-duplicate, score (1/PPL), window, cap; ``scoring`` "all" or "until_cap" (module
-    docstring). ``candidates`` are ``TrajectoryStore.successful_steps`` rows (episode_id, idx, phase, prompt,
+    docstring); ``batch_size`` None: measured on a CPU, 8 elsewhere. ``candidates`` are ``TrajectoryStore.successful_steps`` rows (episode_id, idx, phase, prompt,
     response, intent, ...). Returns (selected rows with rank_score, counts for logging)."""
     if scoring not in ("all", "until_cap"):
         raise ValueError(f"replay.scoring must be 'all' or 'until_cap', got {scoring!r}")
     unique = first_success_per_intent(candidates)
     cap = replay_cap(cap_ratio, n_current_steps)
+    if batch_size is None:  # measured on a CPU, once for the pass (until_cap scores in chunks)
+        pairs = [(r["prompt"], r["response"]) for r in unique]
+        batch_size = scoring_batch("replay", model, [len(p) + len(a) for p, a in pairs],
+                                   lambda idx, b: inverse_perplexity(model, tok, [pairs[i] for i in idx], max_length,
+                                                                     b), 8)
     if scoring == "all":
         scores = inverse_perplexity(model, tok, [(r["prompt"], r["response"]) for r in unique], max_length,
                                     batch_size, progress) if unique else []

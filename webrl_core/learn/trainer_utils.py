@@ -154,22 +154,29 @@ def progress_callbacks(name: str) -> list:
     return [TrainProgress(name)]
 
 
-def fit(trainer: Trainer, stage: str | None = None, section=None):
+def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str = "auto", before_train=None):
     """``trainer.train()``; the progress display is stopped even when training raises. Without ``--verbose`` the
     Trainer's printed log dicts (``PrinterCallback``, added by ``disable_tqdm=True``) are dropped. ``stage`` and its
     config ``section`` (``batch_size``, ``grad_accum``, ``micro_batch_size``): where the section leaves the micro-batch
     empty and the stage trains in one CPU process, it is measured first (``micro_batch.calibrate``); its seconds are
-    ``result.metrics["calibrate_s"]``, which the stages' ``train_s`` leaves out."""
+    ``result.metrics["calibrate_s"]``, which the stages' ``train_s`` leaves out. ``attention``:
+    ``models.attn_implementation`` (``auto``: the calibration measures the attention kernels too).
+    ``before_train(trainer)`` runs after the calibration, before the first step: a pass that must see the model as
+    it will train (the actor's reference log-probs) goes there."""
     if not is_verbose():
         trainer.remove_callback(PrinterCallback)
-    if (stage and micro_batch.enabled() and getattr(section, "micro_batch_size", None) is None
+    fixed = getattr(section, "micro_batch_size", None)
+    if (stage and micro_batch.enabled() and (fixed is None or attention == "auto")
             and trainer.args.device.type == "cpu" and trainer.args.world_size == 1 and len(trainer.train_dataset)):
         t0 = time.perf_counter()
-        micro_batch.calibrate(trainer, stage, section.batch_size, getattr(section, "grad_accum", 1))
+        micro_batch.calibrate(trainer, stage, section.batch_size, getattr(section, "grad_accum", 1), attention,
+                              fixed)
         calibrate_s = time.perf_counter() - t0
     else:
         calibrate_s = 0.0
     try:
+        if before_train is not None:
+            before_train(trainer)
         result = trainer.train()
         result.metrics["calibrate_s"] = round(calibrate_s, 3)
         return result

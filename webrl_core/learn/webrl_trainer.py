@@ -313,13 +313,12 @@ def sequence_logprobs(model, rows: list[dict], pad_id: int, batch_size: int = 8,
 
 def critic_values_for(samples: list[dict], critic: Critic, settings, progress: bool = True
                       ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(V(s), V(s')) for every sample, running the critic once per distinct prompt (no grad), in the actor's
-    micro-batches (one prompt at a time on CPU, where that is fastest)."""
+    """(V(s), V(s')) for every sample, running the critic once per distinct prompt (no grad), in batches measured
+    on a CPU (``Critic.values``)."""
     prompts = sorted({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
-    micro, _ = actor_micro_batches(settings)
 
     def run(ps):
-        return critic.values(ps, batch_size=micro, progress=progress)[0].tolist()
+        return critic.values(ps, progress=progress)[0].tolist()
 
     v_of = dict(zip(prompts, _dist_map(run, prompts)))
     v = torch.tensor([v_of[s["observation"]] for s in samples])
@@ -418,53 +417,75 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
         model = load_causal_lm(actor_dir, models_cfg, trainable=True)
     keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
     rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
-    t1 = time.perf_counter()
-    micro = cfg.per_device_train_batch_size  # actor_micro_batches, resolved once in WebRLConfig.from_settings
     n_tok = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
     adv_k, mask_k = adv[keep], mask[keep]
+    ref: dict = {"s": 0.0, "prob": None}
 
-    def ref_pass(r, per_token=False):  # in the training forward's autocast, so the first log-ratio is exactly 0
-        with autocast_context(models_cfg, next(model.parameters()).device):
-            out = sequence_logprobs(model, r, tok.pad_token_id, micro, progress, per_token)
-        return out if per_token else out.tolist()
+    def reference_columns(trainer=None):
+        """The phase-start actor's log-probs as dataset columns, computed by the model as it will train: after the
+        calibration chose its attention kernel and micro-batch, in the training forward's autocast, so the first
+        log-ratio is 0 (up to padding)."""
+        t1 = time.perf_counter()
+        micro = trainer.args.per_device_train_batch_size if trainer else cfg.per_device_train_batch_size
 
-    ref_logp = None  # filtered_bc has no reference: its pass would be pure cost
-    if mode == "grpo":
-        ref_tokens = _dist_map(lambda r: ref_pass(r, per_token=True), rows) if rows else []
-        ref_logp = torch.tensor([sum(t) for t in ref_tokens], dtype=torch.float32)
-        for j, r in enumerate(rows):
-            r.update(ref_token_logps=ref_tokens[j], adv=float(adv_k[j]))
-    elif mode != "filtered_bc":
-        ref_logp = torch.tensor(_dist_map(ref_pass, rows)) if rows else torch.zeros(0)
-    ref_prob = None if ref_logp is None else adv_mod.reference_prob(ref_logp, n_tok)
-    if mode not in ActorTrainConfig.CRITIC_FREE:  # the WebRL losses: per-sample beta from the reference
-        if cfg.loss == "official":
-            beta0 = adv_mod.official_beta(adv_k, ref_prob, cfg.beta_low, cfg.beta_high)
-        else:
-            beta0 = torch.full_like(adv_k, cfg.beta)
-        for j, r in enumerate(rows):
-            r.update(ref_logp=float(ref_logp[j]), adv=float(adv_k[j]), mask=float(mask_k[j]), beta0=float(beta0[j]))
+        def ref_pass(r, per_token=False):
+            with autocast_context(models_cfg, next(model.parameters()).device):
+                out = sequence_logprobs(model, r, tok.pad_token_id, micro, progress, per_token)
+            return out if per_token else out.tolist()
+
+        ref_logp = None  # filtered_bc has no reference: its pass would be pure cost
+        if mode == "grpo":
+            ref_tokens = _dist_map(lambda r: ref_pass(r, per_token=True), rows) if rows else []
+            ref_logp = torch.tensor([sum(t) for t in ref_tokens], dtype=torch.float32)
+            for j, r in enumerate(rows):
+                r.update(ref_token_logps=ref_tokens[j], adv=float(adv_k[j]))
+        elif mode != "filtered_bc":
+            ref_logp = torch.tensor(_dist_map(ref_pass, rows)) if rows else torch.zeros(0)
+        ref["prob"] = None if ref_logp is None else adv_mod.reference_prob(ref_logp, n_tok)
+        if mode not in ActorTrainConfig.CRITIC_FREE:  # the WebRL losses: per-sample beta from the reference
+            if cfg.loss == "official":
+                beta0 = adv_mod.official_beta(adv_k, ref["prob"], cfg.beta_low, cfg.beta_high)
+            else:
+                beta0 = torch.full_like(adv_k, cfg.beta)
+            for j, r in enumerate(rows):
+                r.update(ref_logp=float(ref_logp[j]), adv=float(adv_k[j]), mask=float(mask_k[j]),
+                         beta0=float(beta0[j]))
+        ref["s"] = time.perf_counter() - t1
+        if trainer is not None:
+            trainer.train_dataset = Dataset.from_list(rows)
+
     for r in rows:
         r["length"] = len(r["input_ids"])
-    t_ref = time.perf_counter() - t1
-    mean_ref_prob = None if ref_prob is None else float(ref_prob.mean()) if rows else 0.0
 
-    stats = {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
-             "ref_s": round(t_ref, 3), "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": mean_ref_prob,
-             "loss_mode": mode, **mode_stats, **count_parameters(model)}
+    def stats_now():
+        mean_ref_prob = None if ref["prob"] is None else float(ref["prob"].mean()) if rows else 0.0
+        return {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
+                "ref_s": round(ref["s"], 3), "mean_v": float(v.mean()) if len(v) else 0.0,
+                "mean_ref_prob": mean_ref_prob, "loss_mode": mode, **mode_stats, **count_parameters(model)}
+
     if not rows:
+        reference_columns()
         if _is_main_process():
             save_model(model, tok, out_dir)
-        return stats | {"train_s": 0.0, "train_loss": None, "steps": 0, "tokens": 0, "tokens_sq": 0,
-                        "epochs": cfg.num_train_epochs, "loss_curve": []}
+        return stats_now() | {"train_s": 0.0, "train_loss": None, "steps": 0, "tokens": 0, "tokens_sq": 0,
+                              "epochs": cfg.num_train_epochs, "loss_curve": []}
     from datasets import Dataset
 
-    trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows),
+    # the calibration times steps on placeholder reference columns (the step's cost does not depend on them)
+    if mode == "grpo":
+        placeholder = [dict(r, ref_token_logps=[0.0] * r["n_action"], adv=float(adv_k[j])) for j, r in enumerate(rows)]
+    elif mode == "filtered_bc":
+        placeholder = rows
+    else:
+        placeholder = [dict(r, ref_logp=0.0, adv=float(adv_k[j]), mask=float(mask_k[j]), beta0=cfg.beta)
+                       for j, r in enumerate(rows)]
+    trainer = WebRLTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(placeholder),
                            data_collator=ActorCollator(tok.pad_token_id), callbacks=progress_callbacks("actor"),
                            max_completion_length=settings.policy.max_new_tokens)
     t2 = time.perf_counter()
-    result = fit(trainer, "actor", settings.actor)
-    t_train = time.perf_counter() - t2 - result.metrics["calibrate_s"]
+    result = fit(trainer, "actor", settings.actor, settings.models.attn_implementation, reference_columns)
+    stats = stats_now()
+    t_train = time.perf_counter() - t2 - result.metrics["calibrate_s"] - ref["s"]
     full = _full_model(trainer, lambda: load_causal_lm(actor_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))
     if full is not None:

@@ -201,7 +201,7 @@ def filter_tasks(settings, run_dir: str, phase: int, candidates_ref: ArtifactRef
                                  compat=fmt)
                    for t in cands]
         critic = Critic.load(critic_ref.path, settings.models.dtype, settings.models.device, settings.models.max_length)
-        value, p_head1, p_head2 = critic.values(prompts, batch_size=critic_settings.batch_size)
+        value, p_head1, p_head2 = critic.values(prompts)
         kept, dropped = filter_by_value(cands, list(zip(value.tolist(), p_head1.tolist(), p_head2.tolist())),
                                         curriculum.filter_low, curriculum.filter_high)
     elif curriculum.phase1_filter == "orm" and orm_ref is not None:

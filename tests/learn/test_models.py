@@ -231,3 +231,26 @@ def test_smollm2_tokenizer_alignment_bos_stop_and_cut():
     assert text.startswith(prompt[:40]) and text.endswith(prompt[prompt.rindex("<|eot_id|>") - 2:])
     assert "item number 399" not in text  # the end of the HTML went
     assert encode_prompt(tok, prompt, 300 - n_act) == cut["input_ids"][:-n_act]
+
+
+def test_a_loaded_models_head_reads_a_strided_slice_as_a_contiguous_one(tmp_path):
+    """``contiguous_head_input``: the head's input is made contiguous (torch's CPU linear on a strided 3-D input
+    copies the weight per row); the logits are the same."""
+    import torch
+
+    from webrl_core.config import EmbeddedModelConfig, ModelsConfig
+    from webrl_core.learn.models import build_embedded_model, load_causal_lm, train_embedded_tokenizer
+
+    train_embedded_tokenizer([f"word {i} other {i * 7}" for i in range(50)], 300, tmp_path / "tok")
+    folder = build_embedded_model(tmp_path / "tok", EmbeddedModelConfig(vocab_size=300, hidden_size=32,
+                                  intermediate_size=64, num_layers=1, num_heads=2, max_length=64, arch="llama"),
+                                  tmp_path / "m", seed=1)
+    model = load_causal_lm(folder, ModelsConfig(device="cpu", dtype="float32"))
+    head = model.get_output_embeddings()
+    seen = []
+    head.register_forward_hook(lambda mod, args, out: seen.append(args[0].is_contiguous()))
+    hidden = torch.randn(3, 10, 32)[:, -4:, :]
+    assert not hidden.is_contiguous()
+    with torch.no_grad():
+        out = head(hidden)
+    assert seen == [True] and torch.allclose(out, hidden.contiguous() @ head.weight.T, atol=1e-6)

@@ -16,7 +16,8 @@ the stage's own data with the stage's own ``Trainer.training_step`` (forward, lo
 RNG state restored, so the training that follows is the one an uncalibrated run would do). The candidates are
 interleaved: round r draws ``max m`` items by a seeded sample, sorted by length as the length-grouped sampler groups
 them, and every candidate passes over those same items in passes of its ``m``; round 0 is the warm-up (kernel
-selection, allocations), then ``REPS`` timed rounds. A box whose speed drifts from minute to minute (a shared VM:
+selection, allocations), then ``REPS`` timed rounds (a candidate more than ``PRUNE`` slower than a round's best
+leaves the rounds after it). A box whose speed drifts from minute to minute (a shared VM:
 2-4x seen on the AMX Xeon) then shifts every candidate of a round alike instead of favouring whichever ran in a fast
 minute. A candidate's rate is its median over the rounds, in trained tokens per second; the fastest wins, and ties
 within ``TIE`` go to the smaller ``m`` (less memory, less padding) and then to the default kernel. The choice is
@@ -47,6 +48,7 @@ from webrl_core.learn.models import attention_of, set_attention
 CALIBRATE_ENV = "WEBRL_CALIBRATE"
 REPS = 3
 TIE = 0.05
+PRUNE = 0.25  # a candidate this much slower than a round's best is not measured again
 MAX_MICRO = 16
 SCORING_BATCHES = (1, 2, 4, 8)
 SCORING_PAYS = 2  # a scoring pass is measured only when it scores this many times the items measuring takes
@@ -139,6 +141,8 @@ def measure(trainer, rows: list[dict], ms: list[int], ks: list[str | None]) -> d
         for m, k in cands:
             seconds, tokens = _passes(trainer, items, m, k)
             rates[(m, k)].append(tokens / seconds if seconds else 0.0)
+        best = max(r[-1] for r in rates.values() if r)
+        cands = [c for c in cands if rates[c][-1] >= (1 - PRUNE) * best]  # clear losers leave the next rounds
     return {c: statistics.median(r) for c, r in rates.items()}
 
 

@@ -234,11 +234,11 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
             raise
         raise _loading(p, "model", e) from e
     model.to(resolve_device(cfg.device))
+    contiguous_head_input(model)
     if cfg.attn_implementation != "auto":
         set_attention(model, cfg.attn_implementation)
     if not trainable:
         model.eval().requires_grad_(False)
-        contiguous_head_input(model)
         return model
     model.train()
     if cfg.gradient_checkpointing:

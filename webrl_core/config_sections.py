@@ -439,6 +439,10 @@ class ActorTrainConfig(MicroBatched):
     bc_length_quantile: float = Field(
         0.2, gt=0, le=1, description="loss=filtered_bc: per task, keep the successful episodes no longer than this "
         "quantile of their lengths (PAE's filteredbc top_p=0.2); 1 keeps every success")
+    reuse_replay_logprobs: bool = Field(
+        True, description="the KL losses: a replayed step's reference log-prob is n x log(1/PPL) of the replay "
+        "stage's pass (the same phase-start actor, run without autocast: equal up to bf16 rounding), so the "
+        "reference pass covers only the phase's new steps; false: every step is recomputed")
 
     # -- optimisation (TrainingArguments) -------------------------------------------------------
     lr: float = Field(1e-4, gt=0, description="actor LR; paper 1e-6 for 8B; the tiny embedded model needs ~1e-4 to move")

@@ -256,3 +256,29 @@ def test_critic_micro_batches_with_accumulation_take_the_same_step_as_one_batch(
     for k in start:
         assert torch.allclose(weights[n][k], weights[1][k], atol=1e-5), k
     assert critic_micro_batches(_settings())[0] == 1  # the CPU default
+
+
+def test_a_replayed_steps_reference_is_its_replay_score_and_equals_the_recomputed_one(tiny, tmp_path):
+    """One pass serves the replay's 1/PPL and the actor's reference: a step with a ``rank_score`` (computed by the
+    replay stage under the same phase-start actor) enters the reference columns as n log(1/PPL), and that is what
+    the reference pass computes for it (float32 here, so equal to 1e-5)."""
+    from webrl_core.learn.replay import inverse_perplexity
+
+    settings = _settings("actor.epochs=1")
+    samples = _samples()
+    tok = load_tokenizer(tiny["llama"])
+    model = load_causal_lm(tiny["llama"], settings.models)
+    replayed = samples[4:]
+    scores = inverse_perplexity(model, tok, [(s["observation"], s["action"]) for s in replayed], 256)
+    mixed = samples[:4] + [dict(s, rank_score=r) for s, r in zip(replayed, scores)]
+    kw = dict(critic_dir=tiny["critic_llama"], progress=False, max_steps=1)
+    reused = train_actor(mixed, tiny["llama"], tmp_path / "reused", settings, **kw)
+    recomputed = train_actor(mixed, tiny["llama"], tmp_path / "recomputed",
+                             _settings("actor.epochs=1", "actor.reuse_replay_logprobs=false"), **kw)
+    assert reused["n_ref_from_replay"] == len(replayed) and recomputed["n_ref_from_replay"] == 0
+    assert reused["mean_ref_prob"] == pytest.approx(recomputed["mean_ref_prob"], abs=1e-5)
+    wrong = train_actor(samples[:4] + [dict(s, rank_score=0.5) for s in replayed], tiny["llama"], tmp_path / "wrong",
+                        settings, **kw)  # the score is what is used: a made-up one moves the mean
+    n = len(samples)
+    assert wrong["mean_ref_prob"] == pytest.approx(recomputed["mean_ref_prob"]
+                                                   + (0.5 * len(replayed) - sum(scores)) / n, abs=1e-5)

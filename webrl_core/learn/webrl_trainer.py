@@ -55,7 +55,10 @@ token-mean NLL of their actions; no reference pass.
 Precompute (once per phase, batched, no grad, BEFORE the actor epoch): the critic's V for every DISTINCT prompt
 among observations and next observations (V(s_{t+1}) of step t is V(s) of step t+1), then the critic is freed; the
 reference log-probs come from the freshly loaded actor itself before its first update (it IS pi_ref), so no second
-model is ever in memory. The results are dataset columns (ref_logp, n_action, adv, mask, beta0; grpo: adv and the
+model is ever in memory, after the micro-batch calibration (``fit``'s ``before_train``: the pass sees the attention
+kernel the training uses). A replayed step already had its 1/PPL under this same actor in the replay stage, so its
+reference is taken from there, sum log pi_ref(a|s) = n log(1/PPL) (``actor.reuse_replay_logprobs``; the WebRL
+losses; equal up to bf16 rounding: that pass runs without autocast). The results are dataset columns (ref_logp, n_action, adv, mask, beta0; grpo: adv and the
 per-token ref_token_logps). Under ``accelerate launch`` both are split across the processes (``trainer_utils``,
 which also holds the arguments, progress, the precision and the saving the trainers share). The LR of the tiny
 embedded model is larger than the paper's (``ActorTrainConfig.lr``) because 1e-6 does not move a 1-10M-parameter
@@ -74,6 +77,7 @@ Settings: the ``actor`` config section (``webrl_core.config.ActorTrainConfig``) 
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -416,10 +420,12 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     with _whole_models():
         model = load_causal_lm(actor_dir, models_cfg, trainable=True)
     keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
-    rows = encode_samples(tok, [samples[i] for i in keep], settings.models.max_length)
+    kept = [samples[i] for i in keep]
+    rows = encode_samples(tok, kept, settings.models.max_length)
+    reuse = settings.actor.reuse_replay_logprobs
     n_tok = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
     adv_k, mask_k = adv[keep], mask[keep]
-    ref: dict = {"s": 0.0, "prob": None}
+    ref: dict = {"s": 0.0, "prob": None, "reused": 0}
 
     def reference_columns(trainer=None):
         """The phase-start actor's log-probs as dataset columns, computed by the model as it will train: after the
@@ -440,7 +446,16 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
             for j, r in enumerate(rows):
                 r.update(ref_token_logps=ref_tokens[j], adv=float(adv_k[j]))
         elif mode != "filtered_bc":
-            ref_logp = torch.tensor(_dist_map(ref_pass, rows)) if rows else torch.zeros(0)
+            # replayed steps carry their 1/PPL under this same actor: sum log pi = n log(1/PPL) (replay.py)
+            scored = [j for j, s in enumerate(kept) if reuse and s.get("rank_score", 0) > 0]
+            given = set(scored)
+            fresh = [j for j in range(len(rows)) if j not in given]
+            ref_logp = torch.zeros(len(rows))
+            if fresh:
+                ref_logp[fresh] = torch.tensor(_dist_map(ref_pass, [rows[j] for j in fresh]))
+            for j in scored:
+                ref_logp[j] = rows[j]["n_action"] * math.log(kept[j]["rank_score"])
+            ref["reused"] = len(scored)
         ref["prob"] = None if ref_logp is None else adv_mod.reference_prob(ref_logp, n_tok)
         if mode not in ActorTrainConfig.CRITIC_FREE:  # the WebRL losses: per-sample beta from the reference
             if cfg.loss == "official":
@@ -460,7 +475,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     def stats_now():
         mean_ref_prob = None if ref["prob"] is None else float(ref["prob"].mean()) if rows else 0.0
         return {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
-                "ref_s": round(ref["s"], 3), "mean_v": float(v.mean()) if len(v) else 0.0,
+                "ref_s": round(ref["s"], 3), "n_ref_from_replay": ref["reused"], "mean_v": float(v.mean()) if len(v) else 0.0,
                 "mean_ref_prob": mean_ref_prob, "loss_mode": mode, **mode_stats, **count_parameters(model)}
 
     if not rows:

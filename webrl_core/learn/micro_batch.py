@@ -7,22 +7,22 @@ the box. On an AVX2 CPU in float32 one sequence per pass wins: padding costs mor
 (``webrl bench train``); on a CPU with a bf16 matrix unit (AMX), larger passes feed the unit. The attention kernel
 is the same kind of choice (``models.attn_implementation: auto``): the same softmax(QK^T/sqrt(d))V up to rounding,
 by PyTorch's fused CPU kernel (sdpa) or by two batched matmuls and a softmax (eager). On a 2-core AMX Xeon the fused
-kernel's backward ran at about 85 GFLOP/s while the matmuls ran near the box's bf16 peak, so eager won there at a
-micro-batch of 4 (docs/benchmarks.md).
+kernel's backward ran at about 85 GFLOP/s while the matmuls ran near the box's bf16 peak, and which kernel won
+depended on the stage (eager for the actor stage, sdpa for the SFT and the critic; docs/benchmarks.md).
 
 So where a stage trains on a CPU and ``actor.micro_batch_size`` / ``critic.micro_batch_size`` is empty (or set and
 the kernel ``auto``: then only the kernels are candidates), ``calibrate`` times each candidate (``m``, kernel) on
-the stage's own data with the stage's own ``Trainer.training_step`` (forward, loss and backward under its autocast; no optimizer step, gradients cleared, the
-RNG state restored, so the training that follows is the one an uncalibrated run would do). The candidates are
-interleaved: round r draws ``max m`` items by a seeded sample, sorted by length as the length-grouped sampler groups
-them, and every candidate passes over those same items in passes of its ``m``; round 0 is the warm-up (kernel
-selection, allocations), then ``REPS`` timed rounds (a candidate more than ``PRUNE`` slower than a round's best
-leaves the rounds after it). A box whose speed drifts from minute to minute (a shared VM:
-2-4x seen on the AMX Xeon) then shifts every candidate of a round alike instead of favouring whichever ran in a fast
-minute. A candidate's rate is its median over the rounds, in trained tokens per second; the fastest wins, and ties
-within ``TIE`` go to the smaller ``m`` (less memory, less padding) and then to the default kernel. The choice is
-kept in ``~/.cache/webrl/micro-batch.json`` per CPU, threads, stage, model shape, dtype, trained parameters, batch
-size, length bucket and kernel setting, so a box measures each shape once.
+the stage's own data with the stage's own ``Trainer.training_step`` (forward, loss and backward under its autocast;
+no optimizer step, gradients cleared, the RNG state restored, so the training that follows is the one an
+uncalibrated run would do). The candidates are interleaved: round r draws ``max m`` items by a seeded sample, sorted
+by length as the length-grouped sampler groups them, and every candidate passes over those same items in passes of
+its ``m``; round 0 is the warm-up (kernel selection, allocations), then ``REPS`` timed rounds (a candidate more than
+``PRUNE`` slower than a round's best leaves the rounds after it). A box whose speed drifts from minute to minute (a
+shared VM: 2-4x seen on the AMX Xeon) then shifts every candidate of a round alike instead of favouring whichever
+ran in a fast minute. A candidate's rate is its median over the rounds, in trained tokens per second; the fastest
+wins, and ties within ``TIE`` go to the smaller ``m`` (less memory, less padding) and then to the default kernel.
+The choice is kept in ``~/.cache/webrl/micro-batch.json`` per CPU, threads, stage, model shape, dtype, trained
+parameters, batch size, length bucket and kernel setting, so a box measures each shape once.
 
 ``WEBRL_CALIBRATE=0`` keeps the fixed CPU default (micro-batch 1, the loaded kernel), as the test suite does for its
 exact comparisons.

@@ -219,7 +219,8 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
     trainer = SelectedLogitsSFTTrainer(model=model, args=args,
                                        train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
                                        processing_class=tok, callbacks=progress_callbacks("orm"))
-    fit(trainer, "orm", cfg, models_cfg.attn_implementation)  # the ORM's step is its batch_size; its micro-batch is measured
+    # the ORM's step is its batch_size; its micro-batch (and attention kernel) are measured
+    fit(trainer, "orm", cfg, models_cfg.attn_implementation)
     model = trainer.model
     model.eval()
     out = save_model(model, tok, out_dir)  # under accelerate: a saver that writes from the main process only

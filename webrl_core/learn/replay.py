@@ -127,8 +127,9 @@ def score_replay(candidates: Sequence[dict], model, tok, n_current_steps: int, l
                  cap_ratio: float = 2.0, max_length: int = 4096, batch_size: int | None = 8, seed: int = 0,
                  progress: bool = False, scoring: str = "all") -> tuple[list[dict], dict]:
     """The whole replay step: de-duplicate, score (1/PPL), window, cap; ``scoring`` "all" or "until_cap" (module
-    docstring); ``batch_size`` None: measured on a CPU, 8 elsewhere. ``candidates`` are ``TrajectoryStore.successful_steps`` rows (episode_id, idx, phase, prompt,
-    response, intent, ...). Returns (selected rows with rank_score, counts for logging)."""
+    docstring); ``batch_size`` None: measured on a CPU, 8 elsewhere. ``candidates`` are
+    ``TrajectoryStore.successful_steps`` rows (episode_id, idx, phase, prompt, response, intent, ...). Returns
+    (selected rows with rank_score, counts for logging)."""
     if scoring not in ("all", "until_cap"):
         raise ValueError(f"replay.scoring must be 'all' or 'until_cap', got {scoring!r}")
     unique = first_success_per_intent(candidates)

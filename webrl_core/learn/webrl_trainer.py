@@ -58,12 +58,11 @@ reference log-probs come from the freshly loaded actor itself before its first u
 model is ever in memory, after the micro-batch calibration (``fit``'s ``before_train``: the pass sees the attention
 kernel the training uses). A replayed step already had its 1/PPL under this same actor in the replay stage, so its
 reference is taken from there, sum log pi_ref(a|s) = n log(1/PPL) (``actor.reuse_replay_logprobs``; the WebRL
-losses; equal up to bf16 rounding: that pass runs without autocast). The results are dataset columns (ref_logp, n_action, adv, mask, beta0; grpo: adv and the
-per-token ref_token_logps). Under ``accelerate launch`` both are split across the processes (``trainer_utils``,
-which also holds the arguments, progress, the precision and the saving the trainers share). The LR of the tiny
-embedded model is larger than the paper's (``ActorTrainConfig.lr``) because 1e-6 does not move a 1-10M-parameter
-model in one epoch.
-
+losses; equal up to bf16 rounding: that pass runs without autocast). The results are dataset columns (ref_logp,
+n_action, adv, mask, beta0; grpo: adv and the per-token ref_token_logps). Under ``accelerate launch`` both are split
+across the processes (``trainer_utils``, which also holds the arguments, progress, the precision and the saving the
+trainers share). The LR of the tiny embedded model is larger than the paper's (``ActorTrainConfig.lr``) because 1e-6
+does not move a 1-10M-parameter model in one epoch.
 Reference policy with LoRA: ``train_actor`` loads the phase-start actor folder (a previous phase's ``save_model``
 output, which holds the MERGED weights) and puts a FRESH adapter on it. peft initialises ``lora_B = 0``, so before
 the first update the wrapped model is exactly the phase-start actor, and the reference log-probs are computed from
@@ -475,8 +474,9 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     def stats_now():
         mean_ref_prob = None if ref["prob"] is None else float(ref["prob"].mean()) if rows else 0.0
         return {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
-                "ref_s": round(ref["s"], 3), "n_ref_from_replay": ref["reused"], "mean_v": float(v.mean()) if len(v) else 0.0,
-                "mean_ref_prob": mean_ref_prob, "loss_mode": mode, **mode_stats, **count_parameters(model)}
+                "ref_s": round(ref["s"], 3), "n_ref_from_replay": ref["reused"],
+                "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": mean_ref_prob, "loss_mode": mode,
+                **mode_stats, **count_parameters(model)}
 
     if not rows:
         reference_columns()

@@ -131,18 +131,27 @@ def measure(trainer, rows: list[dict], ms: list[int], ks: list[str | None]) -> d
     (module docstring)."""
     if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by the training loop, read by the step
         trainer.current_gradient_accumulation_steps = 1
-    cands = [(m, k) for k in ks for m in ms]
     size = min(max(ms), len(rows))
     draws = [sorted(random.Random(r).sample(rows, size), key=lambda x: len(x["input_ids"])) for r in range(REPS + 1)]
-    for m, k in cands:
-        _passes(trainer, draws[0][:m], m, k)
-    rates: dict[tuple[int, str | None], list[float]] = {c: [] for c in cands}
+    return _round_robin([(m, k) for k in ks for m in ms], draws, lambda items, c: _passes(trainer, items, *c),
+                        prune=True)
+
+
+def _round_robin(cands: list, draws: list[list], run: Callable[[list, object], tuple[float, float]],
+                 prune: bool) -> dict:
+    """Median rate (units/s) of every candidate ``c`` over the timed rounds ``draws[1:]``: ``run(items, c)`` returns
+    (seconds, units) of ``c`` over a round's items; ``draws[0]``'s first ``c[0]`` items are its warm-up. ``prune``:
+    a candidate ``PRUNE`` slower than a round's best leaves the rounds after it."""
+    for c in cands:
+        run(draws[0][:c[0]], c)
+    rates: dict = {c: [] for c in cands}
     for items in draws[1:]:
-        for m, k in cands:
-            seconds, tokens = _passes(trainer, items, m, k)
-            rates[(m, k)].append(tokens / seconds if seconds else 0.0)
-        best = max(r[-1] for r in rates.values() if r)
-        cands = [c for c in cands if rates[c][-1] >= (1 - PRUNE) * best]  # clear losers leave the next rounds
+        for c in cands:
+            seconds, units = run(items, c)
+            rates[c].append(units / seconds if seconds else 0.0)
+        if prune:
+            best = max(rates[c][-1] for c in cands)
+            cands = [c for c in cands if rates[c][-1] >= (1 - PRUNE) * best]
     return {c: statistics.median(r) for c, r in rates.items()}
 
 
@@ -202,16 +211,12 @@ def scoring_batch(stage: str, model, lengths: Sequence[int], score: Callable[[li
             return default
         draws = [sorted(random.Random(r).sample(range(len(lengths)), size), key=lambda i: lengths[i])
                  for r in range(REPS + 1)]
-        for b in bs:
-            score(draws[0][:b], b)  # warm-up
-        rates: dict[int, list[float]] = {b: [] for b in bs}
-        for items in draws[1:]:
-            n = sum(lengths[i] for i in items)
-            for b in bs:
-                t0 = time.perf_counter()
-                score(items, b)
-                rates[b].append(n / max(time.perf_counter() - t0, 1e-9))
-        median = {b: statistics.median(r) for b, r in rates.items()}
+        def timed(items, c):
+            t0 = time.perf_counter()
+            score(items, c[0])
+            return max(time.perf_counter() - t0, 1e-9), sum(lengths[i] for i in items)
+
+        median = {c[0]: r for c, r in _round_robin([(b,) for b in bs], draws, timed, prune=False).items()}
         best = max(median.values())
         batch = min(b for b, r in median.items() if r >= (1 - TIE) * best)
         entry = {"batch": batch, "stage": f"score:{stage}", "rates": {str(b): round(r, 1) for b, r in median.items()},

@@ -131,6 +131,10 @@ class EnvConfig(Section):
     block_other_hosts: bool = Field(True, description="block navigation outside the task's sites and record it")
     viewport_only: bool = Field(True, description="observe only elements inside the viewport (VAB: current_viewport_only)")
     batch_wait_s: float = Field(0.25, ge=0, description="longest a waiting env holds for busy ones before the policy is called")
+    batch_wait_calls: float = Field(
+        0.5, ge=0, description="a waiting env also holds up to this share of the last policy call's seconds: an env "
+        "that misses a batch waits a whole call for the next, so a slow policy (a CPU model, seconds a batch) is "
+        "worth waiting for stragglers on; 0: batch_wait_s alone (docs/benchmarks.md#rollouts-with-the-model-acting)")
     max_error_rate: float = Field(0.2, ge=0, le=1, description="a rollout or evaluation whose share of errored "
                                   "episodes (crash, hang, site failure) exceeds this fails, naming the first errors")
 

@@ -17,8 +17,8 @@ evaluator changed under the same id) produces new episodes instead of silently r
 * ``settings_digest``: sampling settings (temperature, top_p, max_new_tokens, prompt style, and ``seeded`` when it
   samples with per-action seeds) for model policies, and the environment settings an agent can observe (step
   limits, observation budget, viewport, timeouts, host blocking, site data). Throughput knobs (``n_envs``,
-  ``batch_wait_s``, browser build, screenshots) are left out: they change how fast episodes run, not what an
-  episode is.
+  ``batch_wait_s``, ``batch_wait_calls``, browser build, screenshots) are left out: they change how fast episodes
+  run, not what an episode is.
 
 A sampled action draws from its own random stream, seeded by ``action_seed(episode id, step)`` (``policy.seeded``):
 the episode id already holds the run seed, task, policy, settings and attempt, so the same inputs sample the same

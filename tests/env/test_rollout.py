@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 
@@ -11,7 +12,7 @@ from conftest import small_cfg
 from webrl_core.env.browser import browser_main_pids
 from webrl_core.env.miniwob import MiniWoBHooks, MiniWoBOracle, miniwob_tasks
 from webrl_core import identity
-from webrl_core.env.rollout import plan_episode_ids, rollout
+from webrl_core.env.rollout import _Batcher, plan_episode_ids, rollout
 from webrl_core.runs.store import TrajectoryStore
 from test_episode import ERROR_KEYS, SUCCESS_KEYS
 
@@ -145,3 +146,47 @@ def test_prompt_compat_official_builds_official_prompts(aloop, miniwob_server):
     default_ids = plan_episode_ids(tasks, phase=0, purpose="rollout", seed=0, policy_digest=pol.policy_id,
                                    settings_digest=identity.settings_digest(cfg))
     assert not {e["episode_id"] for e in eps} & set(default_ids)
+
+
+class SlowPolicy:
+    """A batched policy whose every call takes ``call_s``; records its batch sizes."""
+
+    batched = True
+
+    def __init__(self, call_s: float) -> None:
+        self.call_s, self.batches = call_s, []
+
+    async def act(self, prompts, contexts=None):
+        self.batches.append(len(prompts))
+        await asyncio.sleep(self.call_s)
+        return ["ok"] * len(prompts)
+
+
+@pytest.mark.parametrize("wait_calls", [0.0, 1.0])
+def test_a_slow_policy_holds_its_batch_for_a_straggler(aloop, wait_calls):
+    """Two workers, 4 actions each: one asks at once, the other after 0.1 s of browser work. With the base wait
+    alone (0.02 s) they fall into a convoy: each call serves one while the other acts, 8 calls. Holding for up to
+    one call's seconds (0.3 s, known after the first call) serves both together."""
+    pol = SlowPolicy(0.3)
+    batcher = _Batcher(pol, 0.02, wait_calls)
+
+    async def worker(env_s: float) -> None:
+        batcher.enter()
+        try:
+            for _ in range(4):
+                await asyncio.sleep(env_s)  # the env's step
+                assert await batcher.request("prompt", None) == "ok"
+        finally:
+            batcher.leave()
+
+    async def main():
+        dispatcher = asyncio.create_task(batcher.run())
+        await asyncio.gather(worker(0.0), worker(0.1))
+        batcher.close()
+        await dispatcher
+
+    aloop.run(main())
+    if wait_calls:
+        assert pol.batches[0] == 1 and pol.batches[1:4] == [2, 2, 2] and sum(pol.batches) == 8, pol.batches
+    else:
+        assert pol.batches == [1] * 8

@@ -62,7 +62,7 @@ def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tin
     monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     settings = _settings()
-    sft_train(_pairs(), tiny, tmp_path / "measured", settings, max_steps=2)
+    stats = sft_train(_pairs(), tiny, tmp_path / "measured", settings, max_steps=2)
     said = capfd.readouterr().out
     assert "sft: micro-batch " in said and "by measurement here" in said, said
     kept = json.loads(micro_batch.cache_file().read_text())
@@ -76,14 +76,16 @@ def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tin
     assert rates[chosen] >= (1 - micro_batch.TIE) * best  # the fastest (or a near tie)
     assert all(r < (1 - micro_batch.TIE) * best for c, r in rates.items() if c[0] < chosen[0])  # ties: smaller m
     assert f"{entry['attention']} attention" in said
+    # the stage's stats (MLflow) say what it trained at
+    assert (stats["micro_batch_size"], stats["attention"]) == chosen and stats["calibrate_s"] > 0
 
     sft_train(_pairs(), tiny, tmp_path / "again", settings, max_steps=2)  # the same shape: read, not measured
     assert "by measurement" not in capfd.readouterr().out
 
     monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "0")  # the same step, the micro-batch set by hand
-    sft_train(_pairs(), tiny, tmp_path / "fixed", _settings(f"actor.micro_batch_size={entry['micro']}",
-                                                            f"models.attn_implementation={entry['attention']}"),
-              max_steps=2)
+    by_hand = _settings(f"actor.micro_batch_size={entry['micro']}", f"models.attn_implementation={entry['attention']}")
+    stats = sft_train(_pairs(), tiny, tmp_path / "fixed", by_hand, max_steps=2)
+    assert (stats["micro_batch_size"], stats["attention"], stats["calibrate_s"]) == (*chosen, 0)
     start = load_causal_lm(tiny, settings.models).state_dict()
     measured = load_causal_lm(tmp_path / "measured", settings.models).state_dict()
     fixed = load_causal_lm(tmp_path / "fixed", settings.models).state_dict()

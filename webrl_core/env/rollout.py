@@ -7,8 +7,9 @@ Contract:
 * every worker that needs an action puts its prompt (``build_prompt(intent, past_responses, html,
   cfg.obs_char_budget, compat=prompt_compat)``; ``prompt_compat``: "webrl", "webrl_restated" or "official", see
   ``webrl_core.prompts``) into a shared batch; the batch goes to ONE ``policy.act(prompts, contexts)`` call
-  as soon as no worker is busy with its browser, or the oldest request has waited ``cfg.batch_wait_s``
-  (one call in flight at a time, so requests that arrive during a call join the next one); a policy with
+  as soon as no worker is busy with its browser, or the oldest request has waited ``cfg.batch_wait_s`` or, if
+  longer, ``cfg.batch_wait_calls`` times the last call's seconds (one call in flight at a time, so requests that
+  arrive during a call join the next one, and a worker that misses a call waits it out); a policy with
   ``batched = False`` (scripted ones) is called as soon as any request is pending;
 * episode id = ``webrl_core.identity.episode_id``: a digest of the task's content, the policy's identity
   (``policy_digest``), the sampling and environment settings (``settings_digest``), seed and attempt (how
@@ -88,8 +89,9 @@ def plan_episode_ids(tasks: list[dict], *, phase: int, purpose: str, seed: int, 
 class _Batcher:
     """Collects action requests from workers and serves them with one policy call per batch."""
 
-    def __init__(self, policy, wait_s: float) -> None:
-        self.policy, self.wait_s = policy, wait_s
+    def __init__(self, policy, wait_s: float, wait_calls: float = 0.0) -> None:
+        self.policy, self.base_wait_s, self.wait_calls = policy, wait_s, wait_calls
+        self.wait_s = wait_s  # the base wait, or the share of the last call's seconds if that is longer
         self.pending: list[tuple[str, StepContext, asyncio.Future, float]] = []
         self.busy = 0
         self.closed = False
@@ -125,7 +127,9 @@ class _Batcher:
                 batch, self.pending = self.pending, []
                 self.batch_sizes.append(len(batch))
                 try:
+                    t0 = time.perf_counter()
                     out = await self.policy.act([b[0] for b in batch], [b[1] for b in batch])
+                    self.wait_s = max(self.base_wait_s, self.wait_calls * (time.perf_counter() - t0))
                     if not isinstance(out, list) or len(out) != len(batch):
                         raise PolicyError(f"policy {getattr(self.policy, 'policy_id', self.policy)!r} returned "
                                           f"{len(out) if isinstance(out, list) else type(out).__name__} responses "
@@ -139,6 +143,9 @@ class _Batcher:
                 for b, resp in zip(batch, out):
                     if not b[2].done():
                         b[2].set_result(resp if isinstance(resp, str) else str(resp))
+                # the served workers run (and count as busy) before the next batch is judged: without this turn
+                # no worker looks busy, and what arrived during the call went at once, without them, every round
+                await asyncio.sleep(0)
                 continue
             self._wake.clear()
             timeout = None
@@ -255,7 +262,8 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
     own_pool = pool is None
     pool = pool or BrowserPool(cfg)
     await pool.start()
-    batcher = _Batcher(policy, cfg.batch_wait_s if getattr(policy, "batched", True) else 0.0)
+    batched = getattr(policy, "batched", True)
+    batcher = _Batcher(policy, cfg.batch_wait_s if batched else 0.0, cfg.batch_wait_calls if batched else 0.0)
     episodes: list[dict] = []
     bar = _Progress(len(tasks), progress)
 

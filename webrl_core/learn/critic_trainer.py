@@ -20,7 +20,7 @@ from transformers import Trainer, TrainingArguments, set_seed
 from webrl_core.learn.critic import Critic, critic_examples, critic_loss
 from webrl_core.learn.models import left_pad, training_dtype
 from webrl_core.learn.trainer_utils import (_full_model, _loss_curve, _process_device, _trainer_args,
-                                            critic_micro_batches, fit, progress_callbacks)
+                                            critic_micro_batches, fit, progress_callbacks, trained_shape)
 from webrl_core.runs import loss_history
 
 
@@ -113,7 +113,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     labels = [e["label"] for e in examples]
     lengths = [r["length"] for r in rows]
     return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
-            "train_s": round(train_s, 3), "calibrate_s": result.metrics["calibrate_s"],
+            "train_s": round(train_s, 3), **trained_shape(result),
             "train_loss": result.training_loss, "steps": result.global_step,
             "tokens": int(sum(lengths) * c.epochs), "tokens_sq": int(sum(n * n for n in lengths) * c.epochs),
             **counts, "loss_curve": _loss_curve(trainer)}

@@ -28,7 +28,7 @@ from trl import SFTConfig, SFTTrainer
 from webrl_core.learn.models import (count_parameters, encode_prompt_action, head_logits, last_hidden_states,
                                      load_causal_lm, load_tokenizer, save_model)
 from webrl_core.learn.trainer_utils import (_full_model, _loss_curve, _process_device, _trainer_args,
-                                            actor_micro_batches, fit, progress_callbacks)
+                                            actor_micro_batches, fit, progress_callbacks, trained_shape)
 from webrl_core.runs import loss_history
 
 
@@ -109,7 +109,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
         save_model(full, tok, out_dir)
         loss_history.write(out_dir, "sft", trainer.state)
     trainer.accelerator.wait_for_everyone()
-    return {"n_pairs": len(pairs), "train_s": round(train_s, 3), "calibrate_s": result.metrics["calibrate_s"],
+    return {"n_pairs": len(pairs), "train_s": round(train_s, 3), **trained_shape(result),
             "train_loss": result.training_loss,
             "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * epochs),
             **counts, "loss_curve": _loss_curve(trainer)}

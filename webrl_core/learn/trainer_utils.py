@@ -44,7 +44,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
 from webrl_core.learn import micro_batch
-from webrl_core.learn.models import load_causal_lm, resolve_device, trainer_precision_args
+from webrl_core.learn.models import attention_of, load_causal_lm, resolve_device, trainer_precision_args
 from webrl_core.logs import is_verbose
 from webrl_core.runs import loss_history
 
@@ -159,7 +159,8 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
     Trainer's printed log dicts (``PrinterCallback``, added by ``disable_tqdm=True``) are dropped. ``stage`` and its
     config ``section`` (``batch_size``, ``grad_accum``, ``micro_batch_size``): where the section leaves the micro-batch
     empty and the stage trains in one CPU process, it is measured first (``micro_batch.calibrate``); its seconds are
-    ``result.metrics["calibrate_s"]``, which the stages' ``train_s`` leaves out. ``attention``:
+    ``result.metrics["calibrate_s"]``, which the stages' ``train_s`` leaves out; the shape it trained at is
+    ``result.metrics["micro_batch_size"]`` and ``["attention"]`` (``trained_shape``). ``attention``:
     ``models.attn_implementation`` (``auto``: the calibration measures the attention kernels too).
     ``before_train(trainer)`` runs after the calibration, before the first step: a pass that must see the model as
     it will train (the actor's reference log-probs) goes there."""
@@ -179,6 +180,8 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
             before_train(trainer)
         result = trainer.train()
         result.metrics["calibrate_s"] = round(calibrate_s, 3)
+        result.metrics["micro_batch_size"] = trainer.args.per_device_train_batch_size
+        result.metrics["attention"] = attention_of(trainer.model) or ""
         return result
     finally:
         for cb in trainer.callback_handler.callbacks:
@@ -187,6 +190,11 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
             live = getattr(cb, "rich_group", None)  # RichProgressCallback's Live, None once on_train_end ran
             if live is not None:
                 live.stop()
+
+
+def trained_shape(result) -> dict:
+    """What ``fit`` trained at, for a stage's stats (MLflow: the micro-batch a metric, the kernel a tag)."""
+    return {k: result.metrics[k] for k in ("calibrate_s", "micro_batch_size", "attention")}
 
 
 def _loss_curve(trainer: Trainer) -> list[list[float]]:

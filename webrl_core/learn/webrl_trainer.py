@@ -93,7 +93,7 @@ from webrl_core.learn.models import (autocast_context, count_parameters, encode_
                                      load_tokenizer, save_model)
 from webrl_core.learn.trainer_utils import (_dist_map, _fields_of, _full_model, _is_main_process, _loss_curve,
                                             _process_device, _trainer_args, _whole_models, actor_micro_batches, fit,
-                                            progress_callbacks)
+                                            progress_callbacks, trained_shape)
 from webrl_core.runs import loss_history
 
 
@@ -510,6 +510,6 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     lengths = [len(r["input_ids"]) for r in rows]
     loss_stats = trainer.stat_means() if mode == "grpo" else {}
     return stats | loss_stats | {
-        "train_s": round(t_train, 3), "calibrate_s": result.metrics["calibrate_s"],
+        "train_s": round(t_train, 3), **trained_shape(result),
         "train_loss": result.training_loss, "steps": result.global_step, "tokens": sum(lengths),
         "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs, "loss_curve": _loss_curve(trainer)}

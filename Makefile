@@ -4,8 +4,8 @@
 setup:
 	bash infra/setup.sh
 
-demo: setup
-	.venv/bin/webrl demo
+demo: setup  # `make demo CONFIG=demo-fp32`: another packaged config (demo-fp32: a CPU without bf16)
+	.venv/bin/webrl demo $(if $(CONFIG),--config $(CONFIG))
 
 test: setup
 	bash infra/setup_vllm.sh  # vLLM in its own environment: tests/agent/test_serving.py serves a phase's actor with it

@@ -77,6 +77,20 @@ def _target(target: str, episodes: int, seed: int, sites_workers: str = "process
     raise ValueError(f"unknown bench target {target!r}; allowed: miniwob, embedded")
 
 
+class _CallSizes:
+    """``policy`` with the number of prompts of each ``act`` call recorded (``sizes``)."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.sizes = policy, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.policy, name)
+
+    async def act(self, prompts, *args, **kwargs):
+        self.sizes.append(len(prompts))
+        return await self.policy.act(prompts, *args, **kwargs)
+
+
 async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg, keep_prompts: bool = False) -> dict:
     cfg = cfg.model_copy(update={"n_envs": n_envs})
     peak = {"pss": 0.0, "rss": 0.0}
@@ -100,8 +114,9 @@ async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg, keep_p
         smp = asyncio.create_task(sampler())
         await rollout(pick(0, n_envs), policy, n_envs, cfg=cfg, hooks=hooks, pool=pool, progress=False,
                       purpose="bench-warmup")
+        counted = _CallSizes(policy)
         t0 = time.perf_counter()
-        eps = await rollout(pick(n_envs, episodes), policy, n_envs, cfg=cfg, hooks=hooks, pool=pool,
+        eps = await rollout(pick(n_envs, episodes), counted, n_envs, cfg=cfg, hooks=hooks, pool=pool,
                             progress=False, purpose="bench")
         wall = time.perf_counter() - t0
         stop.set()
@@ -115,6 +130,8 @@ async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg, keep_p
             "action_p50_ms": 1000 * (statistics.median([s["action_s"] for s in steps]) if steps else float("nan")),
             "success": sum(bool(e["success"]) for e in eps) / max(1, len(eps)),
             "errors": sum(e["status"] == "error" for e in eps),
+            # prompts per policy call: n_envs when the envs wait on one call together (a batched policy)
+            "policy_batch": statistics.mean(counted.sizes) if counted.sizes else float("nan"),
             "chromium_pss_mb": peak["pss"], "python_rss_mb": peak["rss"],
             **({"prompts": [s["prompt"] for s in steps]} if keep_prompts else {})}
 

@@ -3,7 +3,8 @@ import warnings
 import pytest
 
 from webrl_core.config import RENAMED, WebRLSettings
-from webrl_core.config_loader import ConfigError, describe_fields, dump_config, env_site_urls, load_config
+from webrl_core.config_loader import (ConfigError, describe_fields, dump_config, env_site_urls, load_config,
+                                     packaged_config_names)
 
 
 def test_defaults_resolve_and_every_field_is_described():
@@ -125,8 +126,9 @@ def test_new_names_load_without_warnings(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         cfg = load_config(new, sets=["curriculum.filter_high=0.7", "bootstrap.sft_loss=all"])
-        for name in ("default", "demo", "smoke", "webarena"):  # the packaged configs use the new names
-            load_config(name)
+        for name in packaged_config_names():  # the packaged configs use the new names
+            if name != "webarena-local":  # its model and task paths exist after `webrl webarena local-setup`
+                load_config(name)
         assert WebRLSettings.model_validate(cfg.model_dump(mode="json")) == cfg  # a dump round-trips
     assert (cfg.curriculum.filter_low, cfg.curriculum.filter_high, cfg.transitions.gamma) == (0.1, 0.7, 0.8)
     assert (cfg.bootstrap.sft_epochs, cfg.bootstrap.sft_loss, cfg.curriculum.api_key_env) == (3.0, "all", "GEN_KEY")
@@ -168,3 +170,25 @@ def test_an_sft_checkpoint_replaces_the_whole_bootstrap_only_with_seed_tasks_or_
         check_real_path(with_seeds, "train")
     assert load_config("smoke", sets=[f"bootstrap.sft_data={seeds}"]).bootstrap_from_checkpoints()
     assert not load_config("smoke").bootstrap_from_checkpoints()
+
+
+def test_demo_fp32_is_the_demo_with_less_of_each_costly_stage():
+    demo, fp32 = load_config("demo").model_dump(), load_config("demo-fp32").model_dump()
+    changed = {f"{section}.{key}": (demo[section][key], fp32[section][key])
+               for section in demo if isinstance(demo[section], dict)
+               for key in demo[section] if demo[section][key] != fp32[section][key]}
+    assert set(changed) == {"run.name", "bootstrap.sft_epochs", "curriculum.tasks_per_phase", "replay.cap_ratio",
+                            "orm.epochs"}
+    assert all(new < old for name, (old, new) in changed.items() if name != "run.name")
+
+
+def test_the_demo_in_float32_by_the_cpus_choice_points_to_demo_fp32(monkeypatch):
+    from webrl_cli.run_cmd import fp32_demo_hint
+    from webrl_core.hardware import CPU_DTYPE_ENV
+
+    monkeypatch.setenv(CPU_DTYPE_ENV, "float32")  # as `models.dtype: auto` chooses on an AVX2-only CPU
+    assert "`--config demo-fp32`" in fp32_demo_hint("demo", load_config("demo"))
+    assert fp32_demo_hint("demo-fp32", load_config("demo-fp32")) is None
+    assert fp32_demo_hint("demo", load_config("demo", sets=["models.dtype=float32"])) is None  # chosen by hand
+    monkeypatch.setenv(CPU_DTYPE_ENV, "bfloat16")
+    assert fp32_demo_hint("demo", load_config("demo")) is None

@@ -125,7 +125,8 @@ def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int
                                                               f"{r['policy_only_steps_per_s']:.2f}"))
     cols = [("n_envs", "n_envs", "{}"), ("eps", "episodes", "{}"), ("steps", "steps", "{}"),
             ("steps/s", "steps_per_s", "{:.2f}"), ("policy-only", "policy_only_steps_per_s", "{:.2f}"),
-            ("policy share", "policy_share", "{:.0%}"), ("obs p50", "obs_p50_ms", "{:.0f}ms"),
+            ("policy share", "policy_share", "{:.0%}"), ("batch", "policy_batch", "{:.1f}"),
+            ("obs p50", "obs_p50_ms", "{:.0f}ms"),
             ("succ", "success", "{:.2f}"), ("err", "errors", "{}"), ("py MB", "python_rss_mb", "{:.0f}")]
     console.print(_table(f"webrl bench rollout --model {Path(str(m.actor)).name} ({engine})", cols, rows))
     if rows and rows[0]["startup_s"]:

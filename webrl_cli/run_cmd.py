@@ -84,12 +84,23 @@ def print_table(run_dir: str) -> None:
     Console().print(t)
 
 
+def fp32_demo_hint(config: str, settings) -> str | None:
+    """The note `webrl demo` prints when the `demo` config will run in float32 by the CPU's choice (no bf16 unit)."""
+    if config != "demo" or settings.models.dtype != "float32" or not settings.models.dtype_why.startswith("auto"):
+        return None
+    return (f"note: the models run in float32 here ({settings.models.dtype_why}); the demo config is sized for a CPU "
+            "with bf16 and takes about three times as long on this one: `--config demo-fp32` (`make demo "
+            "CONFIG=demo-fp32`) is sized for it (docs/results.md#the-demo-on-a-cpu-without-bf16)")
+
+
 @app.command("demo")
 @stops_its_tree
 def demo(config: str = typer.Option("demo", help="config (path or packaged name)"),
          set_: List[str] = typer.Option([], "--set", "-s", help="section.key=value overrides")):
     """Bootstrap + WebRL phases + evaluation on the embedded sites; ends with the per-site success table."""
-    _load(config, set_, "train")
+    settings = _load(config, set_, "train")
+    if hint := fp32_demo_hint(config, settings):
+        typer.echo(hint, err=True)
     from flows.webrl import webrl_train
 
     t0 = time.perf_counter()

@@ -54,6 +54,10 @@ def test_bench_rollout_model_reports_env_and_policy_only_steps(tiny_folder):
     m = re.fullmatch(r"steps/s=([0-9.]+) policy_only=([0-9.]+)", last)
     assert m, last
     assert float(m.group(1)) > 0 and float(m.group(2)) > 0
+    header = [c.strip() for c in next(ln for ln in res.output.splitlines() if ln.startswith("┃")).split("┃")]
+    row = [c.strip() for c in next(ln for ln in res.output.splitlines() if ln.startswith("│")).split("│")]
+    assert row[header.index("n_envs")] == "2"
+    assert 1 <= float(row[header.index("batch")]) <= 2  # prompts per policy call: at most n_envs
 
 
 def test_bench_rollout_model_through_a_served_engine(tiny_folder):

@@ -58,9 +58,23 @@ def test_auto_measures_both_kernels_and_a_named_kernel_is_loaded_and_kept(tiny):
         assert attention_of(auto) == "eager" and torch.allclose(auto(input_ids=ids).logits, b, atol=1e-6)
 
 
+def test_a_stage_too_short_to_pay_for_measuring_trains_at_the_default_shape(tiny, tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # 2 steps of 4 items; measuring micro-batches 1, 2, 4 under two kernels passes over 86 items
+    assert micro_batch.measured_items([(m, k) for k in "ab" for m in (1, 2, 4)], 4) == 86
+    stats = sft_train(_pairs(), tiny, tmp_path / "short", _settings(), max_steps=2)
+    said = capfd.readouterr().out
+    assert "sft: micro-batch 1, sdpa attention, not measured: the stage passes over 8 items, measuring pays from " \
+           f"{micro_batch.PAYS * 86}" in said, said
+    assert "by measurement" not in said and not micro_batch.cache_file().exists()
+    assert (stats["micro_batch_size"], stats["attention"]) == (1, "sdpa")
+
+
 def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tiny, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(micro_batch, "PAYS", 0)  # 2 steps would not pay for measuring (the test above)
     settings = _settings()
     stats = sft_train(_pairs(), tiny, tmp_path / "measured", settings, max_steps=2)
     said = capfd.readouterr().out

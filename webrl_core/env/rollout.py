@@ -280,7 +280,7 @@ async def rollout(tasks: list[dict], policy, n_envs: int, *, cfg, hooks=None, st
                 episodes.append(ep.to_record())
                 if store is not None:
                     store.write_episode(ep.columns(), ep.steps)
-                bar.advance(ep)
+                bar.advance(ep, batcher.batch_sizes if batched else None, n_workers)
         finally:
             batcher.leave()
             await env.close()
@@ -351,11 +351,14 @@ class _Progress:
             self.bar.start()
             self.task = self.bar.add_task("", total=total)
 
-    def advance(self, ep: Episode) -> None:
+    def advance(self, ep: Episode, batch_sizes: list[int] | None = None, n_envs: int = 1) -> None:
         self.done += 1
         self.ok += bool(ep.success)
         if self.bar is not None:
-            self.bar.update(self.task, advance=1, description=f"success {self.ok}/{self.done}")
+            text = f"success {self.ok}/{self.done}"
+            if batch_sizes:  # well under n_envs: the envs are not waiting on one call together
+                text += f", policy batch {sum(batch_sizes) / len(batch_sizes):.1f} of {n_envs}"
+            self.bar.update(self.task, advance=1, description=text)
 
     def close(self) -> None:
         if self.bar is not None:

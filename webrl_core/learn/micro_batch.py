@@ -22,7 +22,9 @@ shared VM: 2-4x seen on the AMX Xeon) then shifts every candidate of a round ali
 ran in a fast minute. A candidate's rate is its median over the rounds, in trained tokens per second; the fastest
 wins, and ties within ``TIE`` go to the smaller ``m`` (less memory, less padding) and then to the default kernel.
 The choice is kept in ``~/.cache/webrl/micro-batch.json`` per CPU, threads, stage, model shape, dtype, trained
-parameters, batch size, length bucket and kernel setting, so a box measures each shape once.
+parameters, batch size, length bucket and kernel setting, so a box measures each shape once. A stage that would
+pass over fewer than ``PAYS`` times the items measuring takes (a small phase's critic, a small ORM: measuring would
+cost about what the stage does) is not measured and trains at the default shape, unless one is kept.
 
 ``WEBRL_CALIBRATE=0`` keeps the fixed CPU default (micro-batch 1, the loaded kernel), as the test suite does for its
 exact comparisons.
@@ -51,7 +53,7 @@ TIE = 0.05
 PRUNE = 0.25  # a candidate this much slower than a round's best is not measured again
 MAX_MICRO = 16
 SCORING_BATCHES = (1, 2, 4, 8)
-SCORING_PAYS = 2  # a scoring pass is measured only when it scores this many times the items measuring takes
+PAYS = 2  # a stage or scoring pass is measured only when it passes over this many times the items measuring takes
 KERNELS = ("sdpa", "eager")  # models.attn_implementation: auto measures these (both run on every CPU build)
 
 
@@ -126,6 +128,21 @@ def _passes(trainer, items: list[dict], m: int, kernel: str | None) -> tuple[flo
     return seconds, tokens
 
 
+def measured_items(cands: list[tuple], size: int) -> int:
+    """Items a measurement of ``cands`` passes over (at most: pruning drops some): each candidate's warm-up of its
+    first ``c[0]`` items, then ``REPS`` rounds of ``size`` items per candidate (``_round_robin``)."""
+    return sum(c[0] for c in cands) + REPS * len(cands) * size
+
+
+def trained_items(trainer, n_rows: int) -> int:
+    """Items the stage's ``trainer.train()`` will pass over: ``max_steps`` optimizer steps of the effective batch, or
+    its epochs over ``n_rows``."""
+    args = trainer.args
+    if args.max_steps and args.max_steps > 0:
+        return args.max_steps * args.per_device_train_batch_size * args.gradient_accumulation_steps
+    return int(args.num_train_epochs * n_rows)
+
+
 def measure(trainer, rows: list[dict], ms: list[int], ks: list[str | None]) -> dict[tuple[int, str | None], float]:
     """Median trained tokens/s of every (m, kernel) over ``REPS`` interleaved rounds after a warm-up pass each
     (module docstring)."""
@@ -168,7 +185,14 @@ def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_sett
         key = _key(trainer.model, stage, [len(r["input_ids"]) for r in rows], trainer.args.bf16, batch_size,
                    kernel_setting)
         entry = _read().get(key)
-        if entry is None or entry.get("micro") not in ms or entry.get("attention") not in ks:
+        kept = entry is not None and entry.get("micro") in ms and entry.get("attention") in ks
+        need = PAYS * measured_items([(m, k) for k in ks for m in ms], min(max(ms), len(rows)))
+        if kept:
+            micro, kernel = entry["micro"], entry["attention"]
+        elif (items := trained_items(trainer, len(rows))) < need:  # measuring would cost more than it could save
+            print(f"{stage}: micro-batch {micro}, {kernel} attention, not measured: the stage passes over {items} "
+                  f"items, measuring pays from {need}", flush=True)
+        else:
             with torch.random.fork_rng(devices=[]):  # the training that follows draws what it would have drawn
                 rates = measure(trainer, rows, ms, ks)
             best = max(rates.values())
@@ -181,7 +205,6 @@ def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_sett
             print(f"{stage}: micro-batch {micro} of {batch_size}, {kernel} attention, by measurement here ("
                   + ", ".join(f"{_label(*c)}: {r:.0f}" for c, r in rates.items()) + f" tokens/s; kept in "
                   f"{cache_file()})", flush=True)
-        micro, kernel = entry["micro"], entry["attention"]
     if kernel is not None:
         set_attention(trainer.model, kernel)
     trainer.args.per_device_train_batch_size = micro
@@ -197,7 +220,7 @@ def scoring_batch(stage: str, model, lengths: Sequence[int], score: Callable[[li
     Candidates ``SCORING_BATCHES`` up to the item count, measured in interleaved rounds as ``calibrate`` measures
     (each round's items scored by every candidate; the median rate over ``REPS`` rounds after a warm-up; ties to
     the smaller batch); kept per CPU, threads, stage, model shape, dtype and length bucket. Without a measurement
-    (calibration off, not a CPU, or a pass too small to pay for measuring it, ``SCORING_PAYS``, and none kept):
+    (calibration off, not a CPU, or a pass too small to pay for measuring it, ``PAYS``, and none kept):
     ``default``."""
     param = next(model.parameters())
     bs = [b for b in SCORING_BATCHES if b <= len(lengths)]
@@ -207,7 +230,7 @@ def scoring_batch(stage: str, model, lengths: Sequence[int], score: Callable[[li
     entry = _read().get(key)
     if entry is None or entry.get("batch") not in bs:
         size = max(bs)
-        if len(lengths) < SCORING_PAYS * (REPS * len(bs) * size + sum(bs)):
+        if len(lengths) < PAYS * measured_items([(b,) for b in bs], size):
             return default
         draws = [sorted(random.Random(r).sample(range(len(lengths)), size), key=lambda i: lengths[i])
                  for r in range(REPS + 1)]

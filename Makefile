@@ -4,7 +4,7 @@
 setup:
 	bash infra/setup.sh
 
-demo: setup  # `make demo CONFIG=demo-fp32`: another packaged config (demo-fp32: a CPU without bf16)
+demo: setup  # `make demo CONFIG=demo-full`: another packaged config
 	.venv/bin/webrl demo $(if $(CONFIG),--config $(CONFIG))
 
 test: setup

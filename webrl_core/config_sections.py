@@ -130,7 +130,8 @@ class EnvConfig(Section):
     episode_retries: int = Field(1, ge=0, description="retries of an episode whose browser crashed before marking it error")
     block_other_hosts: bool = Field(True, description="block navigation outside the task's sites and record it")
     viewport_only: bool = Field(True, description="observe only elements inside the viewport (VAB: current_viewport_only)")
-    batch_wait_s: float = Field(0.25, ge=0, description="longest a waiting env holds for busy ones before the policy is called")
+    batch_wait_s: float = Field(0.25, ge=0, description="longest a waiting env holds the idle policy for busy envs "
+                                "before calling it (time during a call does not count)")
     batch_wait_calls: float = Field(
         0.5, ge=0, description="a waiting env also holds up to this share of the last policy call's seconds: an env "
         "that misses a batch waits a whole call for the next, so a slow policy (a CPU model, seconds a batch) is "

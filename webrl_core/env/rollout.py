@@ -92,6 +92,9 @@ class _Batcher:
     def __init__(self, policy, wait_s: float, wait_calls: float = 0.0) -> None:
         self.policy, self.base_wait_s, self.wait_calls = policy, wait_s, wait_calls
         self.wait_s = wait_s  # the base wait, or the share of the last call's seconds if that is longer
+        # a request is held only while the policy is idle: what waited during a call lost nothing by it, and
+        # counting that time let two half-batches alternate (each had waited a whole call when the other returned)
+        self.idle_since = time.perf_counter()
         self.pending: list[tuple[str, StepContext, asyncio.Future, float]] = []
         self.busy = 0
         self.closed = False
@@ -123,13 +126,17 @@ class _Batcher:
             if self.closed and not self.pending:
                 return
             now = time.perf_counter()
-            if self.pending and (self.busy <= 0 or now - self.pending[0][3] >= self.wait_s or self.closed):
+            held = now - max(self.pending[0][3], self.idle_since) if self.pending else 0.0
+            if self.pending and (self.busy <= 0 or held >= self.wait_s or self.closed):
                 batch, self.pending = self.pending, []
                 self.batch_sizes.append(len(batch))
                 try:
                     t0 = time.perf_counter()
-                    out = await self.policy.act([b[0] for b in batch], [b[1] for b in batch])
-                    self.wait_s = max(self.base_wait_s, self.wait_calls * (time.perf_counter() - t0))
+                    try:
+                        out = await self.policy.act([b[0] for b in batch], [b[1] for b in batch])
+                    finally:
+                        self.idle_since = time.perf_counter()
+                    self.wait_s = max(self.base_wait_s, self.wait_calls * (self.idle_since - t0))
                     if not isinstance(out, list) or len(out) != len(batch):
                         raise PolicyError(f"policy {getattr(self.policy, 'policy_id', self.policy)!r} returned "
                                           f"{len(out) if isinstance(out, list) else type(out).__name__} responses "
@@ -150,7 +157,7 @@ class _Batcher:
             self._wake.clear()
             timeout = None
             if self.pending:
-                timeout = max(0.0, self.wait_s - (now - self.pending[0][3]))
+                timeout = max(0.0, self.wait_s - held)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:

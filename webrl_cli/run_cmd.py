@@ -89,8 +89,9 @@ def fp32_demo_hint(config: str, settings) -> str | None:
     if config != "demo" or settings.models.dtype != "float32" or not settings.models.dtype_why.startswith("auto"):
         return None
     return (f"note: the models run in float32 here ({settings.models.dtype_why}); the demo is sized for a CPU with "
-            "bf16 (42 minutes on a 2-core AVX512-BF16 EPYC): on a 2-core AVX2-only CPU its SFT alone takes about 40 "
-            "minutes and each 60-task evaluation about 15 (docs/results.md#the-demo-on-a-cpu-without-bf16)")
+            "bf16 (42 minutes on a 2-core AVX512-BF16 EPYC); on a 2-core AVX2-only CPU 0.75 epoch of its SFT took 24 "
+            "minutes and a 60-task evaluation 17, so expect well over an hour "
+            "(docs/results.md#the-demo-on-a-cpu-without-bf16)")
 
 
 @app.command("demo")

@@ -172,7 +172,6 @@ def test_an_sft_checkpoint_replaces_the_whole_bootstrap_only_with_seed_tasks_or_
     assert not load_config("smoke").bootstrap_from_checkpoints()
 
 
-
 def test_the_demo_in_float32_by_the_cpus_choice_says_what_it_costs(monkeypatch):
     from webrl_cli.run_cmd import fp32_demo_hint
     from webrl_core.hardware import CPU_DTYPE_ENV

@@ -143,15 +143,19 @@ def trained_items(trainer, n_rows: int) -> int:
     return int(args.num_train_epochs * n_rows)
 
 
+def _training_rounds(ms: list[int], ks: list[str | None], n_rows: int) -> tuple[list[tuple], int]:
+    """The (m, kernel) candidates a training stage's measurement times and the items each of its rounds draws."""
+    return [(m, k) for k in ks for m in ms], min(max(ms), n_rows)
+
+
 def measure(trainer, rows: list[dict], ms: list[int], ks: list[str | None]) -> dict[tuple[int, str | None], float]:
     """Median trained tokens/s of every (m, kernel) over ``REPS`` interleaved rounds after a warm-up pass each
     (module docstring)."""
     if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by the training loop, read by the step
         trainer.current_gradient_accumulation_steps = 1
-    size = min(max(ms), len(rows))
+    cands, size = _training_rounds(ms, ks, len(rows))
     draws = [sorted(random.Random(r).sample(rows, size), key=lambda x: len(x["input_ids"])) for r in range(REPS + 1)]
-    return _round_robin([(m, k) for k in ks for m in ms], draws, lambda items, c: _passes(trainer, items, *c),
-                        prune=True)
+    return _round_robin(cands, draws, lambda items, c: _passes(trainer, items, *c), prune=True)
 
 
 def _round_robin(cands: list, draws: list[list], run: Callable[[list, object], tuple[float, float]],
@@ -185,11 +189,10 @@ def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_sett
         key = _key(trainer.model, stage, [len(r["input_ids"]) for r in rows], trainer.args.bf16, batch_size,
                    kernel_setting)
         entry = _read().get(key)
-        kept = entry is not None and entry.get("micro") in ms and entry.get("attention") in ks
-        need = PAYS * measured_items([(m, k) for k in ks for m in ms], min(max(ms), len(rows)))
-        if kept:
+        if entry is not None and entry.get("micro") in ms and entry.get("attention") in ks:  # kept
             micro, kernel = entry["micro"], entry["attention"]
-        elif (items := trained_items(trainer, len(rows))) < need:  # measuring would cost more than it could save
+        elif ((items := trained_items(trainer, len(rows)))
+              < (need := PAYS * measured_items(*_training_rounds(ms, ks, len(rows))))):  # would cost what it saves
             print(f"{stage}: micro-batch {micro}, {kernel} attention, not measured: the stage passes over {items} "
                   f"items, measuring pays from {need}", flush=True)
         else:

@@ -39,6 +39,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from webrl_core.agent import decode_linear
 from webrl_core.agent_api import StepContext
 from webrl_core.artifacts import sha256_path
 from webrl_core.config import ModelsConfig, PolicyConfig
@@ -102,6 +103,8 @@ class HFPolicy:
         models_cfg = models_cfg or ModelsConfig()
         self._bind(load_tokenizer(model_path), load_causal_lm(model_path, models_cfg, trainable=False),
                    cfg or PolicyConfig(), models_cfg, compat)
+        if self.cfg.decode_matmul == "auto":
+            decode_linear.apply(self.model, self.cfg.batch_size)
         self.model_path = str(model_path)
         self.device = resolve_device(self.models_cfg.device)
         self.temperature = self.cfg.temperature if temperature is None else temperature

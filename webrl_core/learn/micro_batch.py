@@ -94,16 +94,18 @@ def _key(model, stage: str, lengths: list[int], *more) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _read() -> dict:
+def read_kept(path: Path) -> dict:
+    """The measurements kept in a JSON cache file (``{key: entry}``; empty when missing or unreadable)."""
     try:
-        return json.loads(cache_file().read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _write(key: str, entry: dict) -> None:
-    with contextlib.suppress(OSError):  # a read-only home: measured again next time
-        replace_text(cache_file(), json.dumps(_read() | {key: entry}, indent=1, sort_keys=True))
+def keep(path: Path, key: str, entry: dict) -> None:
+    """Add one measurement to a JSON cache file, atomically; a read-only home keeps nothing (measured again)."""
+    with contextlib.suppress(OSError):
+        replace_text(path, json.dumps(read_kept(path) | {key: entry}, indent=1, sort_keys=True))
 
 
 def _label(m: int, kernel: str | None) -> str:
@@ -188,7 +190,7 @@ def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_sett
     if len(ms) * len(ks) > 1:
         key = _key(trainer.model, stage, [len(r["input_ids"]) for r in rows], trainer.args.bf16, batch_size,
                    kernel_setting)
-        entry = _read().get(key)
+        entry = read_kept(cache_file()).get(key)
         if entry is not None and entry.get("micro") in ms and entry.get("attention") in ks:  # kept
             micro, kernel = entry["micro"], entry["attention"]
         elif ((items := trained_items(trainer, len(rows)))
@@ -204,7 +206,7 @@ def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_sett
             entry = {"micro": micro, "attention": kernel, "stage": stage, "batch_size": batch_size,
                      "tokens_per_s": {_label(*c): round(r, 1) for c, r in rates.items()},
                      "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            _write(key, entry)
+            keep(cache_file(), key, entry)
             print(f"{stage}: micro-batch {micro} of {batch_size}, {kernel} attention, by measurement here ("
                   + ", ".join(f"{_label(*c)}: {r:.0f}" for c, r in rates.items()) + f" tokens/s; kept in "
                   f"{cache_file()})", flush=True)
@@ -230,7 +232,7 @@ def scoring_batch(stage: str, model, lengths: Sequence[int], score: Callable[[li
     if not enabled() or param.device.type != "cpu" or len(bs) < 2:
         return default
     key = _key(model, f"score:{stage}", list(lengths), str(param.dtype), attention_of(model))
-    entry = _read().get(key)
+    entry = read_kept(cache_file()).get(key)
     if entry is None or entry.get("batch") not in bs:
         size = max(bs)
         if len(lengths) < PAYS * measured_items([(b,) for b in bs], size):
@@ -247,7 +249,7 @@ def scoring_batch(stage: str, model, lengths: Sequence[int], score: Callable[[li
         batch = min(b for b, r in median.items() if r >= (1 - TIE) * best)
         entry = {"batch": batch, "stage": f"score:{stage}", "rates": {str(b): round(r, 1) for b, r in median.items()},
                  "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        _write(key, entry)
+        keep(cache_file(), key, entry)
         print(f"{stage}: scoring batch {batch} by measurement here (" + ", ".join(f"{b}: {r:.0f}" for b, r in
               median.items()) + f" length units/s; kept in {cache_file()})", flush=True)
     return entry["batch"]

@@ -1,0 +1,113 @@
+"""The decode step's matmul form, chosen by measurement per weight shape (webrl_core/agent/decode_linear.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from webrl_core.agent import decode_linear
+from webrl_core.agent.decode_linear import WeightsFirstLinear
+from webrl_core.agent.policy import HFPolicy
+from webrl_core.config import EmbeddedModelConfig, ModelsConfig, PolicyConfig
+from webrl_core.learn import micro_batch
+from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.prompts import build_prompt
+
+
+@pytest.fixture
+def measuring(monkeypatch, tmp_path):
+    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_weights_first_linear_is_the_linear_at_any_rows(bias):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 40, bias=bias)
+    ref = {k: v.clone() for k, v in lin.state_dict().items()}
+    x = torch.randn(3, 5, 24)
+    expected = {rows: lin(x[:, :rows]) for rows in (1, 2, 5)}
+    lin.__class__, lin.max_rows = WeightsFirstLinear, 6  # up to 6 rows weights-first: 3x1 and 3x2, not 3x5
+    for rows, want in expected.items():
+        got = lin(x[:, :rows])
+        assert got.shape == want.shape and got.is_contiguous()
+        torch.testing.assert_close(got, want)
+    assert lin(torch.randn(24)).shape == (40,)  # a 1-D input: F.linear
+    assert {k: v for k, v in lin.state_dict().items()}.keys() == ref.keys()
+
+
+def _linear_model():
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16),
+                               torch.nn.Linear(16, 64))
+
+
+def test_apply_swaps_the_shapes_measured_faster_and_keeps_the_choice(measuring, monkeypatch):
+    # a BLAS on which only the 16 -> 64 shape runs faster weights-first (the timings come from this stand-in)
+    timed: list[tuple[tuple[int, ...], int]] = []
+
+    def fake_times(weight, rows):
+        timed.append((tuple(weight.shape), rows))
+        return (2.0, 1.0) if tuple(weight.shape) == (64, 16) else (1.0, 1.0)
+
+    monkeypatch.setattr(decode_linear, "_time_forms", fake_times)
+    model = _linear_model()
+    assert decode_linear.apply(model, 4) == 2
+    assert [type(m) for m in model] == [WeightsFirstLinear, torch.nn.ReLU, torch.nn.Linear, WeightsFirstLinear]
+    assert model[0].max_rows == 4
+    assert sorted(timed) == [((16, 64), 1), ((16, 64), 4), ((64, 16), 1), ((64, 16), 4)]  # each shape once
+    kept = json.loads(decode_linear.cache_file().read_text())
+    assert sorted((e["shape"], e["weights_first"]) for e in kept.values()) == [([16, 64], False), ([64, 16], True)]
+    timed.clear()
+    again = _linear_model()
+    assert decode_linear.apply(again, 4) == 2 and timed == []  # kept for this box: not measured again
+    timed.clear()
+    assert decode_linear.apply(_linear_model(), 8) == 2 and len(timed) == 4  # other rows: measured
+
+
+def test_a_form_that_loses_at_one_row_is_not_taken(measuring, monkeypatch):
+    monkeypatch.setattr(decode_linear, "_time_forms", lambda w, rows: (2.0, 1.0) if rows > 1 else (1.0, 3.0))
+    model = _linear_model()
+    assert decode_linear.apply(model, 4) == 0
+    assert all(type(m) in (torch.nn.Linear, torch.nn.ReLU) for m in model)
+
+
+def test_calibration_off_keeps_linear(monkeypatch, tmp_path):
+    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "0")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = _linear_model()
+    assert decode_linear.apply(model, 4) == 0 and not decode_linear.cache_file().exists()
+
+
+def test_policy_measures_here_and_generates_as_with_linear(measuring, tmp_path, monkeypatch):
+    """A real measurement on this box; the choice must not change what the policy writes (greedy)."""
+    prompts = [build_prompt(f"Open item {i}", [], f'<a id="3">item {i}</a>' * (1 + 5 * i)) for i in range(4)]
+    train_embedded_tokenizer(prompts, 350, tmp_path / "tok")
+    cfg = EmbeddedModelConfig(vocab_size=350, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2,
+                              max_length=256)
+    model_dir = build_embedded_model(tmp_path / "tok", cfg, tmp_path / "model", seed=0)
+    plain = HFPolicy(model_dir, PolicyConfig(max_new_tokens=12, batch_size=4, decode_matmul="linear"),
+                     ModelsConfig(max_length=256), temperature=0)
+    assert not any(isinstance(m, WeightsFirstLinear) for m in plain.model.modules())
+    assert not decode_linear.cache_file().exists()  # decode_matmul: linear measures nothing
+    # both forms forced in turn: the policy writes the same either way
+    for winner in ((2.0, 1.0), (1.0, 2.0)):
+        monkeypatch.setattr(decode_linear, "cache_file", lambda w=winner: tmp_path / f"kept-{w[0]}.json")
+        real = decode_linear._time_forms
+        monkeypatch.setattr(decode_linear, "_time_forms", lambda w, rows, t=winner: t)
+        pol = HFPolicy(model_dir, PolicyConfig(max_new_tokens=12, batch_size=4), ModelsConfig(max_length=256),
+                       temperature=0)
+        swapped = any(isinstance(m, WeightsFirstLinear) for m in pol.model.modules())
+        assert swapped == (winner == (2.0, 1.0))
+        assert pol.generate(prompts) == plain.generate(prompts)
+        monkeypatch.setattr(decode_linear, "_time_forms", real)
+    # the real timing runs and keeps one entry per distinct weight shape
+    monkeypatch.setattr(decode_linear, "cache_file", lambda: tmp_path / "real.json")
+    pol = HFPolicy(model_dir, PolicyConfig(max_new_tokens=12, batch_size=4), ModelsConfig(max_length=256),
+                   temperature=0)
+    shapes = {tuple(m.weight.shape) for m in pol.model.modules() if isinstance(m, torch.nn.Linear)}
+    kept = json.loads((tmp_path / "real.json").read_text())
+    assert {tuple(e["shape"]) for e in kept.values()} == shapes
+    assert all(e["us"]["linear"] > 0 and e["us"]["weights_first"] > 0 for e in kept.values())
+    assert pol.generate(prompts) == plain.generate(prompts)

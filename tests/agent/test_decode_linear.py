@@ -29,7 +29,7 @@ def test_weights_first_linear_is_the_linear_at_any_rows(bias):
     ref = {k: v.clone() for k, v in lin.state_dict().items()}
     x = torch.randn(3, 5, 24)
     expected = {rows: lin(x[:, :rows]) for rows in (1, 2, 5)}
-    lin.__class__, lin.max_rows = WeightsFirstLinear, 6  # up to 6 rows weights-first: 3x1 and 3x2, not 3x5
+    lin.__class__, lin.weights_first_rows = WeightsFirstLinear, frozenset({3, 6})  # 3x1 and 3x2, not 3x5
     for rows, want in expected.items():
         got = lin(x[:, :rows])
         assert got.shape == want.shape and got.is_contiguous()
@@ -55,22 +55,36 @@ def test_apply_swaps_the_shapes_measured_faster_and_keeps_the_choice(measuring, 
     model = _linear_model()
     assert decode_linear.apply(model, 4) == 2
     assert [type(m) for m in model] == [WeightsFirstLinear, torch.nn.ReLU, torch.nn.Linear, WeightsFirstLinear]
-    assert model[0].max_rows == 4
-    assert sorted(timed) == [((16, 64), 1), ((16, 64), 4), ((64, 16), 1), ((64, 16), 4)]  # each shape once
+    assert model[0].weights_first_rows == {1, 2, 3, 4}
+    assert sorted(timed) == [((16, 64), r) for r in (1, 2, 4)] + [((64, 16), r) for r in (1, 2, 4)]  # each once
     kept = json.loads(decode_linear.cache_file().read_text())
-    assert sorted((e["shape"], e["weights_first"]) for e in kept.values()) == [([16, 64], False), ([64, 16], True)]
+    assert sorted((e["shape"], e["rows"], e["weights_first"]) for e in kept.values()) == \
+        [([16, 64], r, False) for r in (1, 2, 4)] + [([64, 16], r, True) for r in (1, 2, 4)]
     timed.clear()
     again = _linear_model()
     assert decode_linear.apply(again, 4) == 2 and timed == []  # kept for this box: not measured again
-    timed.clear()
-    assert decode_linear.apply(_linear_model(), 8) == 2 and len(timed) == 4  # other rows: measured
+    assert decode_linear.apply(_linear_model(), 6) == 2 and sorted(timed) == [((16, 64), 6), ((64, 16), 6)]
 
 
-def test_a_form_that_loses_at_one_row_is_not_taken(measuring, monkeypatch):
-    monkeypatch.setattr(decode_linear, "_time_forms", lambda w, rows: (2.0, 1.0) if rows > 1 else (1.0, 3.0))
+@pytest.mark.parametrize("max_rows,want", [(1, []), (2, [2]), (6, [2, 4, 6]), (8, [2, 4, 8])])
+def test_measured_rows(max_rows, want):
+    assert decode_linear.measured_rows(max_rows) == [1] + want
+
+
+def test_each_row_count_goes_by_its_own_measurement(measuring, monkeypatch):
+    # weights-first loses at 1 and at 8 rows, wins at 2 and 4: rows 2-4 take it, 5-8 and 1 keep F.linear
+    monkeypatch.setattr(decode_linear, "_time_forms", lambda w, rows: (2.0, 1.0) if rows in (2, 4) else (1.0, 3.0))
     model = _linear_model()
-    assert decode_linear.apply(model, 4) == 0
-    assert all(type(m) in (torch.nn.Linear, torch.nn.ReLU) for m in model)
+    assert decode_linear.apply(model, 8) == 3
+    assert model[0].weights_first_rows == {2, 3, 4}
+    calls = []
+    monkeypatch.setattr(torch, "mm", lambda *a, real=torch.mm: calls.append(1) or real(*a))
+    x = torch.randn(8, 16)
+    for rows, weights_first in ((1, False), (2, True), (4, True), (5, False), (8, False)):
+        calls.clear()
+        torch.testing.assert_close(model[0](x[:rows]), torch.nn.functional.linear(x[:rows], model[0].weight,
+                                                                                  model[0].bias))
+        assert bool(calls) == weights_first, rows
 
 
 def test_calibration_off_keeps_linear(monkeypatch, tmp_path):

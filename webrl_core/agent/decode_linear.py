@@ -8,12 +8,13 @@ linear form ran SmolLM2-135M's 576 x 576 projection at 4 rows in 125 us and its 
 the transposed form in 83 us and 9.3 ms (docs/benchmarks.md, "Decoding on the AVX2 box").
 
 So ``fastest_forms`` times both forms on each distinct weight shape of the model, with that shape's own weight, at
-the policy's batch rows and at one row; where the transposed form is faster by more than ``TIE`` at the batch's
-rows and no slower at one row, ``apply`` turns those layers into ``WeightsFirstLinear``: the transposed form up
-to ``rows`` rows, ``F.linear`` above (a prefill's hundreds of rows), the same parameters and state dict. The
-choice is kept per CPU, threads, torch version, dtype, shape and rows in ``~/.cache/webrl/decode-linear.json``, so
-a box measures each shape once (about a second for SmolLM2). ``WEBRL_CALIBRATE=0`` keeps ``F.linear``, as for the
-micro-batch (learn/micro_batch.py).
+1, 2, 4, ... rows up to the policy's batch size (a rollout of 4 browsers decodes 4 rows however large the batch
+may be); where the transposed form is faster by more than ``TIE`` at a row count, ``apply`` makes those layers
+``WeightsFirstLinear`` for the row counts it stands for (those above the next smaller measured count):
+(W x^T)^T there, ``F.linear`` at every other count (a prefill's hundreds of rows), the same parameters and state
+dict. Each measurement is kept per CPU, threads, torch version, dtype, shape and rows in
+``~/.cache/webrl/decode-linear.json``, so a box measures each once (a few seconds for SmolLM2).
+``WEBRL_CALIBRATE=0`` keeps ``F.linear``, as for the micro-batch (learn/micro_batch.py).
 """
 
 from __future__ import annotations
@@ -29,21 +30,21 @@ import torch.nn.functional as F
 from webrl_core.artifacts import user_cache_dir
 from webrl_core.learn import micro_batch
 
-TIE = 0.1  # the transposed form must win by more than this share at the batch's rows
+TIE = 0.1  # the transposed form must win by more than this share at a row count
 ROUNDS = 5  # timed rounds per shape (after one warm-up), both forms in each; the median counts
 ROUND_S = 0.01  # each form's calls in a round last about this long
 
 
 class WeightsFirstLinear(torch.nn.Linear):
-    """``nn.Linear`` computing y = (W x^T)^T for inputs of at most ``max_rows`` rows (all leading dimensions
-    together), ``F.linear`` above. Made by ``apply`` from a loaded ``nn.Linear`` (its class is swapped, the
-    parameters stay)."""
+    """``nn.Linear`` computing y = (W x^T)^T for inputs whose row count (all leading dimensions together) is in
+    ``weights_first_rows``, ``F.linear`` for any other. Made by ``apply`` from a loaded ``nn.Linear`` (its class is
+    swapped, the parameters stay)."""
 
-    max_rows: int = 0
+    weights_first_rows: frozenset[int] = frozenset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if x.dim() < 2 or not 0 < rows <= self.max_rows:
+        if x.dim() < 2 or rows not in self.weights_first_rows:
             return F.linear(x, self.weight, self.bias)
         y = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()
         if self.bias is not None:
@@ -84,43 +85,55 @@ def cache_file():
     return user_cache_dir() / "decode-linear.json"
 
 
-def fastest_forms(model: torch.nn.Module, rows: int) -> dict[tuple[int, int, torch.dtype], bool]:
-    """For each distinct (out, in, dtype) of the model's ``nn.Linear`` layers: True where the weights-first form
-    wins at ``rows`` rows (and does not lose at one row), by measurement here or as kept for this box."""
+def measured_rows(max_rows: int) -> list[int]:
+    """The row counts measured for a batch of up to ``max_rows``: 1, 2, 4, ... and ``max_rows``."""
+    return sorted({1 << k for k in range(max_rows.bit_length()) if 1 << k <= max_rows} | {max_rows})
+
+
+def fastest_forms(model: torch.nn.Module, max_rows: int) -> dict[tuple[int, int, torch.dtype], frozenset[int]]:
+    """For each distinct (out, in, dtype) of the model's ``nn.Linear`` layers: the row counts, of 1..``max_rows``,
+    at which the weights-first form runs faster here (measured at ``measured_rows``, or as kept for this box; a
+    count goes by the measurement at the next measured count up)."""
     kept = micro_batch.read_kept(cache_file())
-    found: dict[tuple[int, int, torch.dtype], bool] = {}
+    counts = measured_rows(max_rows)
+    found: dict[tuple[int, int, torch.dtype], frozenset[int]] = {}
     for mod in model.modules():
         if type(mod) is not torch.nn.Linear:
             continue
         shape = (mod.out_features, mod.in_features, mod.weight.dtype)
         if shape in found:
             continue
-        key = _key(mod.weight, rows)
-        if key not in kept:
-            lin, wf = _time_forms(mod.weight.detach(), rows)
-            lin1, wf1 = _time_forms(mod.weight.detach(), 1) if rows > 1 else (lin, wf)
-            kept[key] = {"weights_first": wf < (1 - TIE) * lin and wf1 <= (1 + TIE) * lin1,
-                         "shape": list(mod.weight.shape), "dtype": str(mod.weight.dtype), "rows": rows,
-                         "us": {"linear": round(lin * 1e6, 1), "weights_first": round(wf * 1e6, 1),
-                                "linear@1": round(lin1 * 1e6, 1), "weights_first@1": round(wf1 * 1e6, 1)},
-                         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            micro_batch.keep(cache_file(), key, kept[key])
-        found[shape] = kept[key]["weights_first"]
+        wins = set()
+        for rows in counts:
+            key = _key(mod.weight, rows)
+            if key not in kept:
+                lin, wf = _time_forms(mod.weight.detach(), rows)
+                kept[key] = {"weights_first": wf < (1 - TIE) * lin, "shape": list(mod.weight.shape),
+                             "dtype": str(mod.weight.dtype), "rows": rows,
+                             "us": {"linear": round(lin * 1e6, 1), "weights_first": round(wf * 1e6, 1)},
+                             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                micro_batch.keep(cache_file(), key, kept[key])
+            if kept[key]["weights_first"]:
+                below = max([c for c in counts if c < rows], default=0)
+                wins |= set(range(below + 1, rows + 1))
+        found[shape] = frozenset(wins)
     return found
 
 
-def apply(model: torch.nn.Module, rows: int) -> int:
-    """Turn the model's ``nn.Linear`` layers whose shape runs faster weights-first at ``rows`` rows on this CPU
-    into ``WeightsFirstLinear`` (up to ``rows`` rows). Nothing on another device or with calibration off.
+def apply(model: torch.nn.Module, max_rows: int) -> int:
+    """Make the model's ``nn.Linear`` layers ``WeightsFirstLinear`` at the row counts (up to ``max_rows``) where
+    their shape runs faster weights-first on this CPU. Nothing on another device or with calibration off.
     Returns how many layers changed."""
     param = next(model.parameters(), None)
-    if param is None or param.device.type != "cpu" or not micro_batch.enabled() or rows < 1:
+    if param is None or param.device.type != "cpu" or not micro_batch.enabled() or max_rows < 1:
         return 0
-    forms = fastest_forms(model, rows)
+    forms = fastest_forms(model, max_rows)
     changed = 0
     for mod in model.modules():
-        if type(mod) is torch.nn.Linear and forms.get((mod.out_features, mod.in_features, mod.weight.dtype)):
+        rows = forms.get((mod.out_features, mod.in_features, mod.weight.dtype)) if type(mod) is torch.nn.Linear \
+            else None
+        if rows:
             mod.__class__ = WeightsFirstLinear
-            mod.max_rows = rows
+            mod.weights_first_rows = rows
             changed += 1
     return changed

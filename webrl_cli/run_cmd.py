@@ -90,7 +90,7 @@ def fp32_demo_hint(config: str, settings) -> str | None:
         return None
     return (f"note: the models run in float32 here ({settings.models.dtype_why}); the demo is sized for a CPU with "
             "bf16 (42 minutes on a 2-core AVX512-BF16 EPYC); on a 2-core AVX2-only CPU 0.75 epoch of its SFT took 24 "
-            "minutes and a 60-task evaluation 17, so expect well over an hour "
+            "minutes and a 60-task evaluation 9, so expect well over an hour "
             "(docs/results.md#the-demo-on-a-cpu-without-bf16)")
 
 

@@ -291,9 +291,10 @@ class PolicyConfig(Section):
     max_new_tokens: int = Field(128, ge=1, description="tokens generated per action")
     batch_size: int = Field(16, ge=1, description="prompts per generate() call in-process")
     decode_matmul: Literal["auto", "linear"] = Field(
-        "auto", description="in-process model on a CPU. auto: each weight shape's decode-step product (batch_size "
-        "rows) as x W^T or (W x^T)^T, whichever this box ran faster, measured once per CPU (agent/decode_linear.py; "
-        "on the AVX2 EPYC the LM head at 4 rows 24 -> 9 ms, docs/benchmarks.md); linear: torch's linear throughout")
+        "auto", description="in-process model on a CPU. auto: each weight shape's decode-step product at each row "
+        "count up to batch_size as x W^T or (W x^T)^T, whichever this box ran faster, measured once per CPU "
+        "(agent/decode_linear.py; on the AVX2 EPYC the LM head at 4 rows 21 -> 8 ms, docs/benchmarks.md); linear: "
+        "torch's linear throughout")
     concurrency: int = Field(16, ge=1, description="concurrent requests to an OpenAI-compatible server")
     name_grounding: Literal["off", "phases", "all"] = Field(
         "off", description="ours (agent/grounding.py): when a response's '# Element: NAME' line names exactly one "

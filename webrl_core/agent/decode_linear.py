@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import statistics
 import time
 
 import torch
@@ -31,7 +30,7 @@ from webrl_core.artifacts import user_cache_dir
 from webrl_core.learn import micro_batch
 
 TIE = 0.1  # the transposed form must win by more than this share at a row count
-ROUNDS = 5  # timed rounds per shape (after one warm-up), both forms in each; the median counts
+ROUNDS = 5  # timed rounds per shape and row count (after a warm-up), both forms in each; the median counts
 ROUND_S = 0.01  # each form's calls in a round last about this long
 
 
@@ -43,8 +42,8 @@ class WeightsFirstLinear(torch.nn.Linear):
     weights_first_rows: frozenset[int] = frozenset()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if x.dim() < 2 or rows not in self.weights_first_rows:
+        rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
+        if rows not in self.weights_first_rows:
             return F.linear(x, self.weight, self.bias)
         y = torch.mm(self.weight, x.reshape(rows, x.shape[-1]).t()).t().contiguous()
         if self.bias is not None:
@@ -52,25 +51,24 @@ class WeightsFirstLinear(torch.nn.Linear):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
-def _seconds_per_call(fn, calls: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls
-
-
 def _time_forms(weight: torch.Tensor, rows: int) -> tuple[float, float]:
-    """Median seconds per call of (linear, weights-first) at ``rows`` rows, interleaved rounds."""
+    """Seconds per call of (linear, weights-first) at ``rows`` rows: the median of ``ROUNDS`` interleaved rounds
+    after a warm-up, as the micro-batch is measured (``micro_batch.round_robin``)."""
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    forms = (lambda: F.linear(x, weight), lambda: torch.mm(weight, x.t()).t().contiguous())
-    times: list[list[float]] = [[], []]
+    forms = {"linear": lambda: F.linear(x, weight), "weights_first": lambda: torch.mm(weight, x.t()).t().contiguous()}
+
+    def run(calls: list, c: tuple[int, str]) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        for _ in calls:
+            forms[c[1]]()
+        return max(time.perf_counter() - t0, 1e-9), len(calls)
+
     with torch.inference_mode():
-        first = [_seconds_per_call(f, 2) for f in forms]  # warm-up (kernel choice, allocations) and a call count
-        calls = [max(1, min(1000, int(ROUND_S / max(t, 1e-7)))) for t in first]
-        for _ in range(ROUNDS):
-            for i, f in enumerate(forms):
-                times[i].append(_seconds_per_call(f, calls[i]))
-    return statistics.median(times[0]), statistics.median(times[1])
+        once = run([0], (1, "linear"))[0]  # sizes a round: about ROUND_S of the linear form
+        calls = list(range(max(1, min(1000, int(ROUND_S / once)))))
+        rates = micro_batch.round_robin([(2, "linear"), (2, "weights_first")], [calls] * (ROUNDS + 1), run,
+                                        prune=False)  # (2, form): two warm-up calls each
+    return 1 / rates[(2, "linear")], 1 / rates[(2, "weights_first")]
 
 
 def _key(weight: torch.Tensor, rows: int) -> str:

@@ -132,7 +132,7 @@ def _passes(trainer, items: list[dict], m: int, kernel: str | None) -> tuple[flo
 
 def measured_items(cands: list[tuple], size: int) -> int:
     """Items a measurement of ``cands`` passes over (at most: pruning drops some): each candidate's warm-up of its
-    first ``c[0]`` items, then ``REPS`` rounds of ``size`` items per candidate (``_round_robin``)."""
+    first ``c[0]`` items, then ``REPS`` rounds of ``size`` items per candidate (``round_robin``)."""
     return sum(c[0] for c in cands) + REPS * len(cands) * size
 
 
@@ -157,10 +157,10 @@ def measure(trainer, rows: list[dict], ms: list[int], ks: list[str | None]) -> d
         trainer.current_gradient_accumulation_steps = 1
     cands, size = _training_rounds(ms, ks, len(rows))
     draws = [sorted(random.Random(r).sample(rows, size), key=lambda x: len(x["input_ids"])) for r in range(REPS + 1)]
-    return _round_robin(cands, draws, lambda items, c: _passes(trainer, items, *c), prune=True)
+    return round_robin(cands, draws, lambda items, c: _passes(trainer, items, *c), prune=True)
 
 
-def _round_robin(cands: list, draws: list[list], run: Callable[[list, object], tuple[float, float]],
+def round_robin(cands: list, draws: list[list], run: Callable[[list, object], tuple[float, float]],
                  prune: bool) -> dict:
     """Median rate (units/s) of every candidate ``c`` over the timed rounds ``draws[1:]``: ``run(items, c)`` returns
     (seconds, units) of ``c`` over a round's items; ``draws[0]``'s first ``c[0]`` items are its warm-up. ``prune``:
@@ -244,7 +244,7 @@ def scoring_batch(stage: str, model, lengths: Sequence[int], score: Callable[[li
             score(items, c[0])
             return max(time.perf_counter() - t0, 1e-9), sum(lengths[i] for i in items)
 
-        median = {c[0]: r for c, r in _round_robin([(b,) for b in bs], draws, timed, prune=False).items()}
+        median = {c[0]: r for c, r in round_robin([(b,) for b in bs], draws, timed, prune=False).items()}
         best = max(median.values())
         batch = min(b for b, r in median.items() if r >= (1 - TIE) * best)
         entry = {"batch": batch, "stage": f"score:{stage}", "rates": {str(b): round(r, 1) for b, r in median.items()},

@@ -3,7 +3,8 @@
 - ``HFPolicy``: an in-process Hugging Face causal LM. Prompts are tokenised with ``models.encode_prompt`` (BOS +
   prompt ids; a prompt longer than ``models.max_length - max_new_tokens`` loses the end of its observation, never
   its closing assistant header), left-padded into micro-batches of ``policy.batch_size`` and decoded with
-  ``generate`` (KV cache; temperature/top-p sampling, greedy at temperature 0). Generation stops at ``<|eot_id|>``
+  ``generate`` (a KV cache written in place, ``kv_cache.reserved_cache``; temperature/top-p sampling, greedy at
+  temperature 0). Generation stops at ``<|eot_id|>``
   or EOS; the response is the text before the stop token. The blocking ``generate`` runs in a worker thread, so the
   event loop keeps serving the browsers while the model works. With per-prompt seeds (``policy.seeded``: from
   ``identity.action_seed`` of the step's episode id and step) each row samples from its own ``torch.Generator``
@@ -40,6 +41,7 @@ from starlette.routing import Route
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from webrl_core.agent import decode_linear
+from webrl_core.agent.kv_cache import reserved_cache
 from webrl_core.agent_api import StepContext
 from webrl_core.artifacts import sha256_path
 from webrl_core.config import ModelsConfig, PolicyConfig
@@ -190,8 +192,9 @@ class HFPolicy:
                     kwargs.update(temperature=temp, top_p=top_p, top_k=0)
                 else:
                     kwargs.update(temperature=None, top_p=None, top_k=None)
+                # keys and values written in place, not re-concatenated per token (kv_cache.py)
                 gen = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                                          **kwargs)
+                                          past_key_values=reserved_cache(self.model, new_tokens), **kwargs)
                 for row, i in enumerate(chunk):
                     new = gen[row, input_ids.shape[1]:].tolist()
                     cut = next((k for k, t in enumerate(new) if t in self.stop_ids), len(new))

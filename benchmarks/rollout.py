@@ -304,6 +304,91 @@ def bench_engines(settings, nodes_list: list[int] = (1, 2), policies: list[str] 
 
 
 # ----------------------------------------------------------------------------------------- a model as the policy
+def decoder_shape(folder: str) -> dict:
+    """What the policy's limit needs of a checkpoint, from its config on the meta device (no weights read):
+    parameters in the decoder layers, in the LM head, layers, hidden size and key/value width per layer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    total = sum(p.numel() for p in model.parameters())  # a tied head is counted once, as the embedding
+    emb = model.get_input_embeddings().weight.numel()
+    head_w = model.get_output_embeddings().weight
+    head = head_w.numel()
+    untied_head = 0 if head_w is model.get_input_embeddings().weight else head
+    heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    return {"layer_params": total - emb - untied_head, "head_params": head, "layers": text.num_hidden_layers,
+            "hidden": text.hidden_size, "kv_width": kv * head_dim}
+
+
+def policy_limit_s(shape: dict, calls: list[tuple[list[int], list[int]]], peak_flops: float, bandwidth: float,
+                   bytes_per_param: int) -> dict[str, float]:
+    """The fastest a batched decoder could serve ``calls`` (each: its prompts' token counts, its responses'
+    token counts with the stop token) on this box, the larger of two bounds per phase of a call:
+
+        prefill  FLOPs = sum_i (2 n T_i + 4 L d T_i^2) + 2 n_head B       (attention over the prompt; the head on
+                                                                          the last position of each row)
+                 limit = FLOPs / matmul peak
+        decode   per step s = 1 .. max_i R_i - 1 (the first token comes with the prefill): every weight read once, and each live row's keys and values
+                 bytes = (n + n_head) b + 2 L w b sum_i (T_i + s),   FLOPs = 2 (n + n_head) B
+                 limit = sum_s max(FLOPs / peak, bytes / copy bandwidth)
+
+    n: decoder-layer parameters, n_head: LM-head parameters, L layers, d hidden size, w key/value width per layer,
+    b bytes per parameter, B rows of the call, T_i and R_i its prompt and response tokens. The batch decodes until
+    its longest response ends, as ``generate`` does; padding and the rows already stopped are not counted."""
+    n, n_head, L, d, w = (shape[k] for k in ("layer_params", "head_params", "layers", "hidden", "kv_width"))
+    prefill = decode = 0.0
+    for prompts, responses in calls:
+        rows = len(prompts)
+        prefill += (sum(2 * n * t + 4 * L * d * t * t for t in prompts) + 2 * n_head * rows) / peak_flops
+        for step in range(1, max(responses, default=0)):
+            kv_bytes = 2 * L * w * bytes_per_param * sum(t + step for t in prompts)
+            decode += max(2 * (n + n_head) * rows / peak_flops,
+                          ((n + n_head) * bytes_per_param + kv_bytes) / bandwidth)
+    return {"prefill_limit_s": prefill, "decode_limit_s": decode, "policy_limit_s": prefill + decode}
+
+
+class _PolicyLimit:
+    """``policy_limit_s`` of the policy-alone calls, with the box's matmul peak in the model's dtype and its copy
+    bandwidth measured once (``cpu``, ``peak_flops`` and ``copy_bytes_per_s`` go into every row)."""
+
+    def __init__(self, folder: str, settings, policy) -> None:
+        from benchmarks.op_profile import copy_bandwidth
+        from benchmarks.train import matmul_peak_flops
+        from webrl_core.hardware import cpu_summary
+        from webrl_core.learn.models import load_tokenizer, torch_dtype
+
+        dtype = torch_dtype(settings.models.dtype)
+        self.shape, self.policy = decoder_shape(folder), policy
+        self.tok = getattr(policy, "tok", None) or load_tokenizer(folder)
+        self.max_prompt = getattr(policy, "max_prompt_tokens", settings.models.max_length)
+        self.max_new = settings.policy.max_new_tokens
+        self.bytes_per_param = dtype.itemsize
+        self.box = {"cpu": cpu_summary(), "peak_flops": matmul_peak_flops(dtype=dtype),
+                    "copy_bytes_per_s": copy_bandwidth(dtype=dtype)}
+
+    def _prompt_tokens(self, prompt: str) -> int:
+        from webrl_core.learn.models import encode_prompt
+
+        text = self.policy._prompt_text(prompt, None) if hasattr(self.policy, "_prompt_text") else prompt
+        return len(encode_prompt(self.tok, text, self.max_prompt))
+
+    def _response_tokens(self, response: str) -> int:
+        # the decoded text re-tokenised, plus the stop token; a response cut at the cap had none
+        return min(self.max_new, len(self.tok(response, add_special_tokens=False)["input_ids"]) + 1)
+
+    def of(self, calls: list[tuple[list[str], list[str]]]) -> dict:
+        counted = [([self._prompt_tokens(p) for p in prompts], [self._response_tokens(r) for r in responses])
+                   for prompts, responses in calls]
+        return self.box | policy_limit_s(self.shape, counted, self.box["peak_flops"], self.box["copy_bytes_per_s"],
+                                         self.bytes_per_param)
+
+
 def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), episodes: int = 8,
                         on_row=None) -> list[dict]:
     """Env steps/s of the embedded sites' test tasks with ``model`` (an HF folder) acting through the policy a
@@ -311,7 +396,8 @@ def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), epi
     ``policy.backend: hf``, or, with ``policy.backend: openai``, the engine ``serving.engine`` started for the
     checkpoint as the rollout stage starts it (``served_actor``; its start-up seconds reported apart), per n_envs;
     beside it the policy alone: the same prompts that the rollout sent, acted on again in batches of n_envs (what
-    the rollout's policy calls would cost with no browser and no waiting), as steps/s."""
+    the rollout's policy calls would cost with no browser and no waiting), as steps/s, and against that the
+    policy's limit on this box (``policy_limit_s``: ``policy_limit_share`` = limit / policy seconds)."""
     from webrl_core.agent.rollout_policy import make_policy, needs_server
     from webrl_core.agent.serving import served_actor
     from webrl_core.artifacts import ArtifactRef
@@ -330,16 +416,20 @@ def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), epi
             endpoint = stack.enter_context(served_actor(settings, ref, run_dir))
             startup_s = time.perf_counter() - t0
         policy = make_policy(settings, ref, settings.policy.temperature, "rollout", endpoint)
+        limit = _PolicyLimit(str(model), settings, policy)
         for n in n_envs_list:
             row = asyncio.run(_measure(tasks, policy, sites, n, episodes, settings.env, keep_prompts=True))
             prompts = row.pop("prompts")
+            calls = []
             t0 = time.perf_counter()
             for i in range(0, len(prompts), n):
-                asyncio.run(policy.act(prompts[i:i + n]))
+                calls.append((prompts[i:i + n], asyncio.run(policy.act(prompts[i:i + n]))))
             policy_s = time.perf_counter() - t0
             row |= {"target": "embedded", "model": str(model), "policy_only_steps_per_s": len(prompts) / policy_s,
                     "policy_share": policy_s / row["wall_s"], "backend": settings.policy.backend,
-                    "engine": settings.serving.engine if endpoint else "in-process", "startup_s": startup_s}
+                    "engine": settings.serving.engine if endpoint else "in-process", "startup_s": startup_s,
+                    "policy_s": policy_s, **limit.of(calls)}
+            row["policy_limit_share"] = row["policy_limit_s"] / policy_s if policy_s > 0 else float("nan")
             rows.append(row)
             if on_row:
                 on_row(row)

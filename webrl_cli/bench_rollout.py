@@ -124,15 +124,26 @@ def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int
                                                               f"steps/s, policy alone "
                                                               f"{r['policy_only_steps_per_s']:.2f}"))
     cols = [("n_envs", "n_envs", "{}"), ("eps", "episodes", "{}"), ("steps", "steps", "{}"),
-            ("steps/s", "steps_per_s", "{:.2f}"), ("policy-only", "policy_only_steps_per_s", "{:.2f}"),
-            ("policy share", "policy_share", "{:.0%}"), ("batch", "policy_batch", "{:.1f}"),
-            ("obs p50", "obs_p50_ms", "{:.0f}ms"),
+            ("steps/s", "steps_per_s", "{:.2f}"), ("alone/s", "policy_only_steps_per_s", "{:.2f}"),
+            ("policy%", "policy_share", "{:.0%}"), ("batch", "policy_batch", "{:.1f}"),
+            ("limit%", "policy_limit_share", "{:.0%}"), ("obs p50", "obs_p50_ms", "{:.0f}ms"),
             ("succ", "success", "{:.2f}"), ("err", "errors", "{}"), ("py MB", "python_rss_mb", "{:.0f}")]
     console.print(_table(f"webrl bench rollout --model {Path(str(m.actor)).name} ({engine})", cols, rows))
+    console.print("alone/s: the rollout's prompts again with no browser; policy%: the rollout's time in the policy; "
+                  "limit%: the policy's limit / the policy alone's seconds")
+    if rows:
+        console.print(f"the policy's limit on this box (benchmarks/rollout.py policy_limit_s): {m.dtype} matmul peak "
+                      f"{rows[0]['peak_flops'] / 1e9:.0f} GFLOP/s, copy bandwidth "
+                      f"{rows[0]['copy_bytes_per_s'] / 1e9:.1f} GB/s, measured in this run")
+    for r in rows:
+        console.print(f"  n_envs={r['n_envs']}: the policy alone {r['policy_s']:.1f}s, its limit "
+                      f"{r['policy_limit_s']:.1f}s (prefill {r['prefill_limit_s']:.1f}s, decode "
+                      f"{r['decode_limit_s']:.1f}s): {r['policy_limit_share']:.0%} of the limit")
     if rows and rows[0]["startup_s"]:
         console.print(f"{engine} started in {rows[0]['startup_s']:.0f}s (not in steps/s; a rollout stage pays it once)")
     best = max(rows, key=lambda r: r["steps_per_s"])
-    print(f"steps/s={best['steps_per_s']:.2f} policy_only={best['policy_only_steps_per_s']:.2f}")
+    print(f"steps/s={best['steps_per_s']:.2f} policy_only={best['policy_only_steps_per_s']:.2f} "
+          f"of_limit={100 * best['policy_limit_share']:.3g}%")
 
 
 def _bench_ray(console, settings, target: str, n_envs: str | None, episodes: int, nodes: list[int],

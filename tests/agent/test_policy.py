@@ -88,7 +88,7 @@ def test_seeded_sampling_is_the_same_alone_in_any_batch_and_order(model_dir):
     torch.manual_seed(123)  # the global RNG plays no part
     assert [pol.generate([p], seeds=[s])[0] for p, s in zip(ps, seeds)] == together
     assert pol.generate(ps[::-1], seeds=seeds[::-1])[::-1] == together
-    # unseeded prompts are batched apart and leave the seeded rows alone
+    # unseeded prompts (their seeds drawn from the global RNG) leave the seeded rows alone
     mixed = pol.generate([ps[4], "x", ps[0], "y"] + ps[1:4], seeds=[seeds[4], None, seeds[0], None] + seeds[1:4])
     assert [mixed[2], *mixed[4:], mixed[0]] == together
     # another seed, other draws: a random tiny model at T=1 differs on some of the prompts
@@ -271,3 +271,41 @@ def test_served_model_digest_names_the_url_of_a_dead_endpoint():
         served_model_digest(url, "m", timeout_s=2)
     with pytest.raises(ValueError, match="policy.model_name is empty"):
         served_model_digest(url, "")
+
+
+def _dense_nucleus(probs: torch.Tensor, top_p: float) -> tuple[list[int], list[float]]:
+    """The nucleus by a sort of the whole vocabulary (what ``nucleus`` must equal)."""
+    top, ids = probs.sort(descending=True, stable=True)
+    before = top.cumsum(-1) - top
+    keep = max(1, int((before < top_p).sum()))
+    return ids[:keep].tolist(), top[:keep].tolist()
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 0.5, 0.9, 0.99])
+def test_nucleus_equals_the_full_sort_whether_or_not_the_candidates_hold_it(top_p):
+    from webrl_core.agent.policy import nucleus
+
+    gen = torch.Generator().manual_seed(0)
+    fell_back = fast = 0
+    for sharpness in (0.5, 2.0, 6.0, 12.0):  # flat rows reach past 64 candidates, peaked ones do not
+        for _ in range(10):
+            probs = torch.softmax(torch.randn(5000, generator=gen) * sharpness, -1)
+            ids, kept = nucleus(probs, top_p, candidates=64)
+            want_ids, want_p = _dense_nucleus(probs, top_p)
+            assert ids.tolist() == want_ids
+            torch.testing.assert_close(kept, torch.tensor(want_p))
+            fast += float(probs.topk(64).values.sum()) >= top_p
+            fell_back += float(probs.topk(64).values.sum()) < top_p
+    assert fast and (fell_back or top_p < 0.5)  # both paths were exercised
+    everything, p = nucleus(torch.tensor([0.2, 0.5, 0.3]), 1.0)
+    assert everything.tolist() == [0, 1, 2] and p.tolist() == pytest.approx([0.2, 0.5, 0.3])
+
+
+def test_the_sampler_draws_in_proportion_to_the_nucleus():
+    from webrl_core.agent.policy import SeededRowSampler
+
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * 200]))
+    sampler = SeededRowSampler([7], temperature=1.0, top_p=0.9)  # keeps 0.5, 0.3, 0.15
+    draws = [int(sampler(None, logits.clone()).argmax()) for _ in range(4000)]
+    freq = [draws.count(t) / len(draws) for t in range(4)]
+    assert freq[3] == 0 and all(abs(f - p / 0.95) < 0.03 for f, p in zip(freq, (0.5, 0.3, 0.15)))

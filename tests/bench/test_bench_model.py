@@ -51,9 +51,10 @@ def test_bench_rollout_model_reports_env_and_policy_only_steps(tiny_folder):
                                    "--set", "models.max_length=512", "--set", "policy.max_new_tokens=16"])
     assert res.exit_code == 0, res.output
     last = res.output.strip().splitlines()[-1]
-    m = re.fullmatch(r"steps/s=([0-9.]+) policy_only=([0-9.]+)", last)
+    m = re.fullmatch(r"steps/s=([0-9.]+) policy_only=([0-9.]+) of_limit=([0-9.e+-]+)%", last)
     assert m, last
     assert float(m.group(1)) > 0 and float(m.group(2)) > 0
+    assert 0 < float(m.group(3)) <= 150  # the policy measured against its limit on this box (not above it)
     header = [c.strip() for c in next(ln for ln in res.output.splitlines() if ln.startswith("┃")).split("┃")]
     row = [c.strip() for c in next(ln for ln in res.output.splitlines() if ln.startswith("│")).split("│")]
     assert row[header.index("n_envs")] == "2"
@@ -70,7 +71,7 @@ def test_bench_rollout_model_through_a_served_engine(tiny_folder):
     assert res.exit_code == 0, res.output
     said = " ".join(res.output.split())  # rich wraps long lines
     assert "policy.backend=openai (webrl)" in said and re.search(r"webrl started in \d+s", said)
-    m = re.fullmatch(r"steps/s=([0-9.]+) policy_only=([0-9.]+)", res.output.strip().splitlines()[-1])
+    m = re.fullmatch(r"steps/s=([0-9.]+) policy_only=([0-9.]+) of_limit=[0-9.e+-]+%", res.output.strip().splitlines()[-1])
     assert m and float(m.group(1)) > 0 and float(m.group(2)) > 0
 
 
@@ -99,3 +100,33 @@ def test_bench_train_compare_names_an_unknown_revision(tiny_folder):
                                    "--compare", "no-such-revision-xyz"])
     assert res.exit_code != 0
     assert "--compare" in " ".join(str(res.exception).split() + res.output.split())
+
+
+def test_decoder_shape_counts_the_checkpoints_parameters(tiny_folder):
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.rollout import decoder_shape
+
+    shape = decoder_shape(str(tiny_folder))
+    model = AutoModelForCausalLM.from_pretrained(tiny_folder)
+    layers = sum(p.numel() for layer in model.model.layers for p in layer.parameters())
+    assert shape["layer_params"] == layers + model.model.norm.weight.numel()
+    assert shape["head_params"] == model.lm_head.weight.numel()
+    assert (shape["layers"], shape["hidden"]) == (2, 48)
+    assert shape["kv_width"] == model.config.num_key_value_heads * (48 // model.config.num_attention_heads)
+
+
+def test_policy_limit_takes_the_larger_bound_per_phase():
+    from benchmarks.rollout import policy_limit_s
+
+    shape = {"layer_params": 1000, "head_params": 100, "layers": 2, "hidden": 8, "kv_width": 4}
+    # one call: prompts of 10 and 20 tokens, responses of 3 and 1 tokens (2 decode steps after the prefill)
+    got = policy_limit_s(shape, [([10, 20], [3, 1])], peak_flops=1e4, bandwidth=1e5, bytes_per_param=4)
+    prefill = (2 * 1000 * 30 + 4 * 2 * 8 * (100 + 400) + 2 * 100 * 2) / 1e4
+    steps = [max(2 * 1100 * 2 / 1e4, (1100 * 4 + 2 * 2 * 4 * 4 * (30 + 2 * s)) / 1e5) for s in (1, 2)]
+    assert got["prefill_limit_s"] == pytest.approx(prefill)
+    assert got["decode_limit_s"] == pytest.approx(sum(steps))
+    assert got["policy_limit_s"] == pytest.approx(prefill + sum(steps))
+    # compute-bound decode when the bandwidth is ample
+    fast = policy_limit_s(shape, [([10, 20], [3, 1])], peak_flops=1e4, bandwidth=1e12, bytes_per_param=4)
+    assert fast["decode_limit_s"] == pytest.approx(2 * 2 * 1100 * 2 / 1e4)

@@ -294,8 +294,8 @@ def test_nucleus_equals_the_full_sort_whether_or_not_the_candidates_hold_it(top_
             want_ids, want_p = _dense_nucleus(probs, top_p)
             assert ids.tolist() == want_ids
             torch.testing.assert_close(kept, torch.tensor(want_p))
-            fast += float(probs.topk(64).values.sum()) >= top_p
-            fell_back += float(probs.topk(64).values.sum()) < top_p
+            held = float(probs.topk(64).values.sum()) >= top_p
+            fast, fell_back = fast + held, fell_back + (not held)
     assert fast and (fell_back or top_p < 0.5)  # both paths were exercised
     everything, p = nucleus(torch.tensor([0.2, 0.5, 0.3]), 1.0)
     assert everything.tolist() == [0, 1, 2] and p.tolist() == pytest.approx([0.2, 0.5, 0.3])

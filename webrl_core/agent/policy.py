@@ -83,9 +83,10 @@ def nucleus(probs: torch.Tensor, top_p: float, candidates: int = NUCLEUS_CANDIDA
     same set with the same probabilities (the token after them has at least ``top_p`` before it)."""
     if top_p >= 1.0:
         return torch.arange(probs.shape[-1], device=probs.device), probs
-    k = min(candidates, probs.shape[-1])
-    top, ids = probs.topk(k)
-    if k == probs.shape[-1] or float(top.sum()) < top_p:  # the nucleus may reach past the candidates
+    top = None
+    if candidates < probs.shape[-1]:
+        top, ids = probs.topk(candidates)
+    if top is None or float(top.sum()) < top_p:  # the nucleus may reach past the candidates
         top, ids = probs.sort(descending=True, stable=True)
     mass_before = top.cumsum(dim=-1) - top
     keep = int((mass_before < top_p).sum().clamp(min=1))  # the first token always stays

@@ -41,6 +41,37 @@ from webrl_core.learn.sft_trainer import sft_train
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.learn.webrl_trainer import train_actor
 
+# The matmul that measures the peak, and the copy that measures the bandwidth, per device: a 2048-wide bf16 matmul
+# leaves an H200 under-filled (KINDS.md-style check: 8192 reaches about 790 TFLOP/s), and a 64 MB copy on a GPU
+# measures its 60 MB L2 cache, not its memory.
+PEAK_N = {"cpu": 2048, "cuda": 8192}
+COPY_MB = {"cpu": 64, "cuda": 2048}
+
+
+def random_init(src: str | Path, dest: str | Path, seed: int = 0, **fields) -> str:
+    """A model folder with ``src``'s tokenizer and config, ``fields`` overriding the config's (``hidden_size=2048``,
+    ...), and random weights. A stage's speed at a shape does not depend on the weights, so a GPU check of a shape
+    needs no checkpoint: only the config and the tokenizer travel."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    src, dest = Path(src), Path(dest)
+    cfg = AutoConfig.from_pretrained(src)
+    for k, v in fields.items():
+        if not hasattr(cfg, k):
+            raise ValueError(f"{src / 'config.json'}: no field {k!r} to override")
+        setattr(cfg, k, v)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    dest.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(dest)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")) or f.name == "chat_template.jinja":
+            shutil.copy(f, dest / f.name)
+    return str(dest)
+
+
 def reset_peak_rss() -> None:
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -81,7 +112,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
     m = settings.models
     folder = str(m.actor)
     device = "cuda" if m.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
-    peak = matmul_peak_flops(rounds=5, dtype=torch_dtype(m.dtype), device=device)
+    peak = matmul_peak_flops(n=PEAK_N[device], rounds=5, dtype=torch_dtype(m.dtype), device=device)
     samples = build_transitions(synthetic_trajectories(episodes, steps, html_chars, seed), gamma=0.9)
     pairs = [(s["observation"], s["action"]) for s in samples]
     tok = load_tokenizer(folder)
@@ -90,7 +121,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
     L_t = min(m.train_layers, L) if m.train_layers else L
     pair_lens = [len(encode_prompt_action(tok, p, a, m.max_length)["input_ids"]) for p, a in pairs]
     cpu = device_summary(device)
-    bandwidth = copy_bandwidth()
+    bandwidth = copy_bandwidth(mb=COPY_MB[device], device=device)
     console.print(f"{cpu}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)")
     console.print(f"model {folder}: {L} layers, hidden {d}, training the top {L_t}; {m.dtype} ({m.dtype_why}); "
                   f"{len(samples)} samples, median {sorted(pair_lens)[len(pair_lens) // 2]} tokens; "
@@ -101,6 +132,8 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
 
         def stage(name: str, fn):
             reset_peak_rss()
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             if profile:
                 stats, split, _ = profiled(fn)
@@ -108,8 +141,12 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
             else:
                 stats = fn()
             row = {"stage": name, "wall_s": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb(), **stats}
+            gpu = ""
+            if device == "cuda":
+                row["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
+                gpu = f", peak GPU memory {row['peak_gpu_mb']:.0f} MB"
             console.print(f"  {name}: {row['tokens']} tokens in {row['seconds']:.1f}s = "
-                          f"{row['tokens'] / row['seconds']:.0f} tokens/s, peak RSS {row['peak_rss_mb']:.0f} MB")
+                          f"{row['tokens'] / row['seconds']:.0f} tokens/s, peak RSS {row['peak_rss_mb']:.0f} MB{gpu}")
             rows.append(row)
             return row
 
@@ -145,7 +182,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
         stage("critic", critic)
         ours = stage("actor", actor)
         # re-measured after the stages: the best rate is the peak
-        peak = max(peak, matmul_peak_flops(rounds=5, dtype=torch_dtype(m.dtype), device=device))
+        peak = max(peak, matmul_peak_flops(n=PEAK_N[device], rounds=5, dtype=torch_dtype(m.dtype), device=device))
         result = {"model": folder, "cpu": cpu, "dtype": m.dtype, "device": device, "peak_flops": peak,
                   "copy_bytes_per_s": bandwidth, "layers": L, "trained_layers": L_t, "samples": len(samples)}
         if official:
@@ -166,12 +203,12 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
                "peak_share": sum(r["flops"] for r in rows) / seconds / peak}
     t = Table(title=f"training stages on {Path(folder).name} ({m.dtype}, {device}, peak {peak / 1e9:.0f} GFLOP/s)")
     for col in ("stage", "tokens", "seconds", "tokens/s", "share of peak", "limit (bound)", "share of limit",
-                "peak RSS MB"):
+                "peak GPU MB" if device == "cuda" else "peak RSS MB"):
         t.add_column(col, justify="left" if col == "stage" else "right")
     for r in rows:
         t.add_row(r["stage"], str(r["tokens"]), f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.0f}",
                   f"{r['peak_share']:.0%}", f"{r['limit_s']:.1f}s ({r['bound']})", f"{r['limit_share']:.0%}",
-                  f"{r['peak_rss_mb']:.0f}")
+                  f"{r['peak_gpu_mb' if device == 'cuda' else 'peak_rss_mb']:.0f}")
     console.print(t)
     if profile:
         split = Table(title=f"where the time goes (seconds under the profiler; {cpu})")

@@ -1,6 +1,7 @@
 """Where a training stage's time goes, and how far it is from the box's limit (``webrl bench train --model --profile``).
 
-The stage runs under ``torch.profiler`` (CPU activities). Every operator's self time goes to one kind:
+The stage runs under ``torch.profiler`` (CPU activities; on a GPU the CUDA activity too, and an operator's time is
+then the GPU time of the kernels it launched). Every operator's self time goes to one kind:
 
     optimizer      any operator under ``Optimizer.step`` (AdamW's foreach kernels)
     matmul         aten::mm / addmm / bmm / baddbmm / mv / addmv / dot (and oneDNN linear kernels)
@@ -8,7 +9,8 @@ The stage runs under ``torch.profiler`` (CPU activities). Every operator's self 
     convert/copy   aten::copy_ / _to_copy / clone / contiguous / cat / stack, embedding and index lookups, fills:
                    bytes moved, dtype conversions (autocast's weight casts are copy_ into a new dtype) included
     elementwise    every other aten operator (add, mul, silu, rsqrt, reductions, ...)
-    python/other   wall time minus the operators' self times: Python, the Trainer, collation, tokenisation
+    python/other   wall time minus the operators' self times: Python, the Trainer, collation, tokenisation (on a
+                   GPU: the time the GPU sat idle)
 
 The limit of a stage is the larger of two lower bounds measured on the same box in the same run:
 
@@ -50,32 +52,51 @@ def kind_of(name: str) -> str:
     return "elementwise" if name.startswith("aten::") else "python/other"
 
 
-def time_split(events, wall_s: float) -> dict[str, float]:
-    """Seconds per kind (``KINDS``) from a profiler's ``events()``; ``python/other`` makes up the wall time."""
+def time_split(events, wall_s: float, device_time: bool = False) -> dict[str, float]:
+    """Seconds per kind (``KINDS``) from a profiler's ``events()``; ``python/other`` makes up the wall time. With
+    ``device_time`` (a GPU run) each operator counts the GPU time of the kernels it launched, so ``python/other``
+    is the time the GPU sat idle: launches, Python, the Trainer, waits for the host."""
+    from torch.autograd import DeviceType
+
     out: dict[str, float] = defaultdict(float)
     for e in events:
         if e.cpu_parent is None and e.name.startswith("ProfilerStep"):
             continue
+        if device_time and e.device_type != DeviceType.CPU:
+            continue  # a kernel's time is in the operator that launched it
         parent, in_optimizer = e, False
         while parent is not None:
             if parent.name.startswith("Optimizer.step"):
                 in_optimizer = True
                 break
             parent = parent.cpu_parent
-        out["optimizer" if in_optimizer else kind_of(e.name)] += e.self_cpu_time_total / 1e6
+        seconds = (e.self_device_time_total if device_time else e.self_cpu_time_total) / 1e6
+        out["optimizer" if in_optimizer else kind_of(e.name)] += seconds
     out["python/other"] += max(0.0, wall_s - sum(out.values()))
     return {k: out.get(k, 0.0) for k in KINDS}
 
 
-def profiled(fn):
-    """``fn()`` under the CPU profiler: (its result, seconds per kind, wall seconds)."""
+def top_ops(prof, n: int = 15) -> list[dict]:
+    """The ``n`` operators (and runtime calls) with the most self time, on the GPU where the run used one, else on
+    the CPU: name, calls, self CPU seconds, self GPU seconds."""
+    rows = [{"name": a.key, "calls": a.count, "self_cpu_s": a.self_cpu_time_total / 1e6,
+             "self_gpu_s": a.self_device_time_total / 1e6} for a in prof.key_averages()]
+    on_gpu = any(r["self_gpu_s"] > 0 for r in rows)
+    return sorted(rows, key=lambda r: r["self_gpu_s" if on_gpu else "self_cpu_s"], reverse=True)[:n]
+
+
+def profiled(fn, device: str = "cpu"):
+    """``fn()`` under the profiler (the GPU's activity too on a GPU run): (its result, seconds per kind, wall
+    seconds, ``top_ops``)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device != "cpu" else [])
+    with profile(activities=activities) as prof:
         t0 = time.perf_counter()
         result = fn()
+        _sync(device)
         wall = time.perf_counter() - t0
-    return result, time_split(prof.events(), wall), wall
+    return result, time_split(prof.events(), wall, device_time=device != "cpu"), wall, top_ops(prof)
 
 
 def copy_bandwidth(mb: int = 64, rounds: int = 5, dtype: torch.dtype = torch.float32, device: str = "cpu") -> float:

@@ -136,8 +136,8 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
             if profile:
-                stats, split, _ = profiled(fn)
-                stats["split_s"] = split
+                stats, split, _, top = profiled(fn, device)
+                stats["split_s"], stats["top_ops"] = split, top
             else:
                 stats = fn()
             row = {"stage": name, "wall_s": time.perf_counter() - t0, "peak_rss_mb": peak_rss_mb(), **stats}
@@ -218,6 +218,11 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
             total = sum(r["split_s"].values())
             split.add_row(r["stage"], *[f"{r['split_s'][k]:.1f} ({r['split_s'][k] / total:.0%})" for k in KINDS])
         console.print(split)
+        where = "GPU" if device == "cuda" else "CPU"
+        for r in rows:
+            console.print(f"  {r['stage']}, most self {where} time: " + "; ".join(
+                f"{o['name'][:60]} x{o['calls']} {o['self_gpu_s' if device == 'cuda' else 'self_cpu_s']:.2f}s"
+                for o in r["top_ops"][:6]))
     if out:
         Path(out).write_text(json.dumps(result, indent=2, default=str))
     return result

@@ -11,7 +11,9 @@
 #
 #   usage: bash infra/gpu/train_stages.sh CONFIG_DIR OUT_DIR [RUN ...]
 #   RUN: label|episodes|config.json fields (k=v,...)|settings (section.key=value,...)   (4 steps an episode)
-#   GPU_SETS (default "models.device=cuda models.dtype=bfloat16") go before each run's settings.
+#   GPU_SETS (default "models.device=cuda models.dtype=bfloat16") go before each run's settings. PROFILE=1: each
+#   stage under torch.profiler (the GPU time per kind of operator, the GPU's idle time, the top operators: `bench
+#   train --profile`) and the run under cProfile (OUT_DIR/LABEL.cprofile.txt: where the host's time goes).
 set -euo pipefail
 src=$1 out=$2
 shift 2
@@ -29,16 +31,29 @@ for spec in "${runs[@]}"; do
   IFS='|' read -r label episodes fields sets <<<"$spec"
   labels+=("$label")
   "$py" - "$src" "$models/$label" "$out/$label.json" "$episodes" "$fields" "$sets" \
-    "${GPU_SETS:-models.device=cuda models.dtype=bfloat16}" <<'PY'
+    "${GPU_SETS:-models.device=cuda models.dtype=bfloat16}" "${PROFILE:-0}" <<'PY'
+import cProfile
+import io
+import pstats
 import sys
+from pathlib import Path
 
 from benchmarks.train_model import random_init, run
 
-src, folder, out, episodes, fields, sets, gpu_sets = sys.argv[1:]
+src, folder, out, episodes, fields, sets, gpu_sets, profile = sys.argv[1:]
 overrides = {k: int(v) for k, v in (f.split("=", 1) for f in fields.split(",") if f)}
 random_init(src, folder, **overrides)
+profiler = cProfile.Profile() if profile == "1" else None
+if profiler:
+    profiler.enable()
 run(folder, "demo", [*gpu_sets.split(), *[s for s in sets.split(",") if s]], episodes=int(episodes), steps=4,
-    official=False, out=out)
+    official=False, out=out, profile=profile == "1")
+if profiler:
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(60)
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+    Path(out).with_suffix(".cprofile.txt").write_text(text.getvalue())
 PY
 done
 "$py" - "$out" "${labels[@]}" <<'PY'

@@ -30,8 +30,9 @@ def test_a_profiled_step_splits_its_time_by_kind():
             opt.zero_grad()
         return "done"
 
-    result, split, wall = P.profiled(step)
+    result, split, wall, top = P.profiled(step)
     assert result == "done" and set(split) == set(P.KINDS)
+    assert any(r["name"] == "aten::mm" and r["calls"] >= 5 and r["self_cpu_s"] > 0 for r in top), top
     assert abs(sum(split.values()) - wall) < 0.05 * wall + 1e-3  # python/other makes up the wall time
     for kind in ("matmul", "convert/copy", "elementwise", "optimizer"):
         assert split[kind] > 0, split

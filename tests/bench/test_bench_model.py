@@ -130,3 +130,45 @@ def test_policy_limit_takes_the_larger_bound_per_phase():
     # compute-bound decode when the bandwidth is ample
     fast = policy_limit_s(shape, [([10, 20], [3, 1])], peak_flops=1e4, bandwidth=1e12, bytes_per_param=4)
     assert fast["decode_limit_s"] == pytest.approx(2 * 2 * 1100 * 2 / 1e4)
+
+
+def test_random_init_keeps_the_tokenizer_and_overrides_the_shape(tiny_folder, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.train_model import random_init
+    from webrl_core.learn.models import load_tokenizer
+
+    out = random_init(tiny_folder, tmp_path / "wide", seed=1, hidden_size=32, intermediate_size=80)
+    m = AutoModelForCausalLM.from_pretrained(out)
+    src = AutoModelForCausalLM.from_pretrained(tiny_folder)
+    assert m.config.hidden_size == 32 and m.config.intermediate_size == 80
+    assert m.config.num_hidden_layers == src.config.num_hidden_layers and m.config.vocab_size == src.config.vocab_size
+    assert load_tokenizer(out).encode("Open item 3") == load_tokenizer(tiny_folder).encode("Open item 3")
+    same = random_init(tiny_folder, tmp_path / "same", seed=1)
+    w = AutoModelForCausalLM.from_pretrained(same).get_input_embeddings().weight
+    assert w.shape == src.get_input_embeddings().weight.shape and not w.equal(src.get_input_embeddings().weight)
+    with pytest.raises(ValueError, match=r"config.json: no field 'hidden_sise'"):
+        random_init(tiny_folder, tmp_path / "bad", hidden_sise=8)
+
+
+def test_gpu_train_stages_script_runs_on_a_cpu(tiny_folder, tmp_path):
+    """infra/gpu/train_stages.sh end to end with its device settings swapped for the CPU's: each run's JSON and
+    the closing lines, one per stage."""
+    import os
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_SETS": "models.device=cpu models.dtype=float32",
+           "MODELS": str(tmp_path / "models"), "PYTHONPATH": str(root)}
+    run = "tiny|1|hidden_size=32,intermediate_size=64|models.max_length=512,models.train_layers=1"
+    p = subprocess.run(["bash", str(root / "infra/gpu/train_stages.sh"), str(tiny_folder), str(tmp_path / "out"),
+                        run], capture_output=True, text=True, env=env, cwd=root, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads((tmp_path / "out" / "tiny.json").read_text())
+    assert r["device"] == "cpu" and r["trained_layers"] == 1 and [s["stage"] for s in r["stages"]] == [
+        "sft", "critic", "actor"]
+    tail = p.stdout.strip().splitlines()[-3:]
+    for line, stage in zip(tail, ("sft", "critic", "actor")):
+        assert re.fullmatch(rf"  tiny {stage}: \d+ tokens/s, [\d.]+% of peak, [\d.]+% of limit \(\w+\), RSS \d+ MB",
+                            line), line

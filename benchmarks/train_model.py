@@ -23,6 +23,7 @@ process's high-water mark, reset before each stage (``/proc/self/clear_refs``).
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -52,8 +53,6 @@ def random_init(src: str | Path, dest: str | Path, seed: int = 0, **fields) -> s
     """A model folder with ``src``'s tokenizer and config, ``fields`` overriding the config's (``hidden_size=2048``,
     ...), and random weights. A stage's speed at a shape does not depend on the weights, so a GPU check of a shape
     needs no checkpoint: only the config and the tokenizer travel."""
-    import shutil
-
     from transformers import AutoConfig, AutoModelForCausalLM
 
     src, dest = Path(src), Path(dest)

@@ -49,8 +49,8 @@ from torch import nn
 
 from webrl_core.learn.micro_batch import scoring_batch
 from webrl_core.learn.models import (apply_lora, count_parameters, downcast_frozen, enable_checkpointing,
-                               encode_prompt, from_pretrained, left_pad, load_tokenizer, resolve_device,
-                               set_attention, torch_dtype, train_top_layers, upcast_trainable)
+                               encode_prompt, from_pretrained, last_hidden_states, left_pad, load_tokenizer,
+                               resolve_device, set_attention, torch_dtype, train_top_layers, upcast_trainable)
 
 CRITIC_JSON = "critic.json"
 HEADS_FILE = "heads.safetensors"
@@ -66,11 +66,6 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     """Index of the last non-pad position of each row (right or left padding)."""
     pos = torch.arange(attention_mask.shape[1], device=attention_mask.device).expand_as(attention_mask)
     return torch.where(attention_mask.bool(), pos, torch.full_like(pos, -1)).max(dim=1).values.clamp(min=0)
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """0,1,2,... over the real tokens of each row, so a left-padded row sees the same positions as unpadded."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def value_head(hidden: int, init_std: float | None) -> nn.Sequential:
@@ -213,9 +208,7 @@ class Critic(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, 2] of both heads at the last non-pad token."""
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-        hidden = out.last_hidden_state
+        hidden = last_hidden_states(self.backbone, input_ids, attention_mask)
         idx = last_token_index(attention_mask)
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), idx]
         pooled = pooled.to(self.head1[0].weight.dtype)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainingArguments, set_seed
 
+from webrl_core.learn import frozen_prefix
 from webrl_core.learn.critic import Critic, critic_examples, critic_loss
 from webrl_core.learn.models import left_pad, training_dtype
 from webrl_core.learn.trainer_utils import (_full_model, _loss_curve, _process_device, _trainer_args,
@@ -91,6 +92,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
         return critic.for_training(models_cfg)
 
     critic = build(_process_device(settings))
+    frozen_prefix.attach(critic.backbone, models_cfg)  # its prompts come back in the actor stage's critic values
     critic._no_split_modules = getattr(critic.backbone, "_no_split_modules", None)  # FSDP wraps the decoder layers
     counts = critic.parameter_counts()  # LoRA: adapters + heads; full fine-tuning: everything
     examples = critic_examples(samples)

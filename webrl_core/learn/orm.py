@@ -36,6 +36,7 @@ from typing import Mapping, Sequence
 import torch
 
 from webrl_core.config import ModelsConfig, OrmConfig
+from webrl_core.learn import frozen_prefix
 from webrl_core.learn.micro_batch import scoring_batch
 from webrl_core.learn.models import (ORM_ANSWER_TOKENS, encode_prompt, encode_prompt_action, head_logits,
                                last_hidden_states, left_pad, load_causal_lm, load_tokenizer, position_ids_from_mask,
@@ -208,6 +209,7 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
         raise ValueError("train_orm: no examples (need labelled episodes with steps)")
     tok = load_tokenizer(base_model_dir)
     model = load_causal_lm(base_model_dir, models_cfg, trainable=True)
+    frozen_prefix.attach(model, models_cfg)  # each epoch after the first runs the top layers only
     device = resolve_device(models_cfg.device)
     args = SFTConfig(
         output_dir=str(Path(out_dir) / "_trainer"), num_train_epochs=cfg.epochs, learning_rate=cfg.lr,

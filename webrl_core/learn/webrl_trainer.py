@@ -87,10 +87,10 @@ from transformers import Trainer, TrainingArguments, set_seed
 
 from webrl_core.config import ActorTrainConfig
 from webrl_core.learn import advantage as adv_mod
-from webrl_core.learn import filtered_bc, grpo
+from webrl_core.learn import filtered_bc, frozen_prefix, grpo
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.models import (autocast_context, count_parameters, encode_prompt_action, left_pad, load_causal_lm,
-                                     load_tokenizer, save_model)
+from webrl_core.learn.models import (autocast_context, count_parameters, encode_prompt_action, head_logits,
+                                     last_hidden_states, left_pad, load_causal_lm, load_tokenizer, save_model)
 from webrl_core.learn.trainer_utils import (_dist_map, _fields_of, _full_model, _is_main_process, _loss_curve,
                                             _process_device, _trainer_args, _whole_models, actor_micro_batches, fit,
                                             progress_callbacks, trained_shape)
@@ -259,10 +259,14 @@ def action_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.
     Only the last k+1 positions go through the LM head (``logits_to_keep``), so no [B, T, vocab] tensor is built
     for long prompts."""
     k = int(n_action.max())
-    pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
-                logits_to_keep=k + 1)
-    logits = out.logits[:, :-1].float()                      # position j predicts token j+1
+    decoder = frozen_prefix.decoder_of(model)
+    if decoder is not None and frozen_prefix.attached(decoder) is not None:  # the bottom layers from the cache
+        logits = head_logits(model, last_hidden_states(model, input_ids, attention_mask)[:, -(k + 1):-1])
+    else:  # the model's own forward (a sharded model runs only through its root)
+        pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
+                    logits_to_keep=k + 1)
+        logits = out.logits[:, :-1].float()                  # position j predicts token j+1
     targets = input_ids[:, -k:]
     tok_logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     keep = torch.arange(k, device=input_ids.device).unsqueeze(0) >= (k - n_action.to(input_ids.device)).unsqueeze(1)
@@ -382,6 +386,7 @@ def _sample_advantages(samples: list[dict], mode: str, cfg: WebRLConfig, critic_
     with _whole_models():
         critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
                              max_length=settings.models.max_length)
+    frozen_prefix.attach(critic.backbone, settings.models)  # the critic's epoch has seen these prompts
     t0 = time.perf_counter()
     v, nv = critic_values_for(samples, critic, settings, progress)
     del critic  # freed before the actor is loaded: never two models in memory
@@ -418,6 +423,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     set_seed(settings.run.seed)  # LoRA adapter init draws from the global RNG
     with _whole_models():
         model = load_causal_lm(actor_dir, models_cfg, trainable=True)
+    frozen_prefix.attach(model, models_cfg)  # the reference pass keeps the bottom layers' states for the epoch
     keep = [i for i in range(len(samples)) if mask[i] > 0]  # masked-out samples add 0 loss and 0 gradient
     kept = [samples[i] for i in keep]
     rows = encode_samples(tok, kept, settings.models.max_length)

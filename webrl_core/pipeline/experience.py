@@ -18,6 +18,7 @@ from pathlib import Path
 from webrl_core.artifacts import ArtifactRef, read_json, read_jsonl
 from webrl_core.env.judge import judge_from_settings
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
+from webrl_core.learn import frozen_prefix
 from webrl_core.learn.models import load_causal_lm, load_tokenizer
 from webrl_core.learn.orm import OrmScorer, decision_agreement, orm_prompt_for_episode
 from webrl_core.learn.outcome_judge import judge_case, outcome_judge_from_settings
@@ -232,6 +233,7 @@ def replay_transitions(settings, run_dir: str, phase: int, actor_ref: ArtifactRe
     store = TrajectoryStore(run_dir)
     rows = store.successful_steps(before_phase=phase, lineage=lineage(settings, run_dir, phase))
     model = load_causal_lm(actor_ref.path, settings.models)
+    frozen_prefix.attach(model, settings.models)  # the picked steps come back in the actor's epoch
     tok = load_tokenizer(actor_ref.path)
     picked, info = score_replay(rows, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
                                 max_length=settings.models.max_length, batch_size=rc.batch_size,

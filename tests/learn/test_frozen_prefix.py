@@ -1,0 +1,145 @@
+"""learn.frozen_prefix: the frozen bottom layers' hidden states kept per token sequence, on real tiny Llamas."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from webrl_core.config import EmbeddedModelConfig
+from webrl_core.config_loader import load_config
+from webrl_core.learn import frozen_prefix as FP
+from webrl_core.learn.critic import Critic
+from webrl_core.learn.models import (build_embedded_model, last_hidden_states, left_pad, load_causal_lm,
+                                     train_embedded_tokenizer)
+from webrl_core.prompts import build_prompt
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("frozen_prefix")
+    texts = [build_prompt(f"open item {i}", [], f"<button id={i}>Open {i}</button>") for i in range(40)]
+    train_embedded_tokenizer(texts, 400, root / "tok")
+    cfg = EmbeddedModelConfig(vocab_size=400, hidden_size=48, intermediate_size=96, num_layers=4, num_heads=2,
+                              max_length=512)
+    return build_embedded_model(root / "tok", cfg, root / "model", seed=3)
+
+
+@pytest.fixture(autouse=True)
+def cache_on(monkeypatch):
+    monkeypatch.setenv(FP.ENV, "64")
+    FP.clear()
+    yield
+    FP.clear()
+
+
+def _settings(*extra):
+    return load_config(sets=["models.device=cpu", "models.dtype=float32", "models.train_layers=2", *extra])
+
+
+def _batch(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    rows = [torch.randint(3, 100, (n,), generator=g).tolist() for n in lengths]
+    return left_pad(rows, 0)
+
+
+def _plain(model, ids, mask):
+    """The uncached pass: the cache turned off for this call."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv(FP.ENV, "0")
+        return last_hidden_states(model, ids, mask)
+
+
+def test_rows_met_before_run_the_top_layers_from_the_kept_states(folder):
+    model = load_causal_lm(folder, _settings().models)
+    prefix = FP.attach(model, _settings().models)
+    assert prefix is not None and prefix.n_frozen == 2
+    ids, mask = _batch([9, 14, 5, 11])
+    with torch.no_grad():
+        ref = _plain(model, ids, mask)
+        first = last_hidden_states(model, ids, mask)  # every row missed: run whole, kept
+        assert FP.stats()["misses"] == 4 and FP.stats()["rows"] == 4
+        again = last_hidden_states(model, ids, mask)  # every row kept: the top two layers only
+        assert FP.stats()["hits"] == 4
+    real = mask.bool()
+    assert torch.allclose(first[real], ref[real], atol=1e-5)
+    assert torch.allclose(again[real], ref[real], atol=1e-5)
+    # the same rows in another batch: other padding, mixed with unseen rows, in another order
+    rows = [ids[i][mask[i].bool()].tolist() for i in (2, 0)]
+    ids2, mask2 = left_pad([torch.randint(3, 100, (17,)).tolist(), *rows], 0)
+    with torch.no_grad():
+        mixed = last_hidden_states(model, ids2, mask2)
+        mixed_ref = _plain(model, ids2, mask2)
+    assert FP.stats()["hits"] == 6 and FP.stats()["misses"] == 5
+    assert torch.allclose(mixed[mask2.bool()], mixed_ref[mask2.bool()], atol=1e-5)
+
+
+def test_a_training_pass_from_kept_states_gives_the_same_gradients(folder):
+    settings = _settings()
+    model = load_causal_lm(folder, settings.models, trainable=True)
+    assert FP.attach(model, settings.models) is not None
+    ids, mask = _batch([7, 12, 10], seed=1)
+
+    def grads(fn):
+        model.zero_grad(set_to_none=True)
+        fn(model, ids, mask)[mask.bool()].pow(2).sum().backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+
+    plain = grads(_plain)
+    with torch.no_grad():
+        last_hidden_states(model, ids, mask)  # keeps the rows
+    cached = grads(last_hidden_states)
+    assert FP.stats()["hits"] == 3
+    assert set(plain) == set(cached) and all(n.startswith("model.layers.2") or n.startswith("model.layers.3")
+                                             or n.startswith("model.norm") for n in plain)
+    for n in plain:
+        assert torch.allclose(plain[n], cached[n], atol=1e-5, rtol=1e-4), n
+
+
+def test_the_critic_and_the_actor_share_the_pretrained_bottom_layers(folder, tmp_path):
+    settings = _settings()
+    actor = load_causal_lm(folder, settings.models)
+    critic = Critic.from_backbone(folder, 0.05, 256, device="cpu").for_training(settings.models)
+    a, c = FP.attach(actor, settings.models), FP.attach(critic.backbone, settings.models)
+    assert a is not None and a == c  # the same frozen weights: one fingerprint, one set of kept rows
+    ids, mask = _batch([8, 13], seed=2)
+    with torch.no_grad():
+        critic(ids, mask)
+        assert FP.stats() == {**FP.stats(), "misses": 2, "hits": 0}
+        last_hidden_states(actor, ids, mask)
+    assert FP.stats()["hits"] == 2
+    changed = load_causal_lm(folder, settings.models)
+    with torch.no_grad():
+        changed.model.layers[0].mlp.down_proj.weight.mul_(1.01)
+    assert FP.attach(changed, settings.models).fingerprint != a.fingerprint
+
+
+def test_not_attached_where_the_bottom_layers_train_or_the_cache_is_off(folder, monkeypatch):
+    everything = load_config(sets=["models.device=cpu", "models.dtype=float32"])
+    assert FP.attach(load_causal_lm(folder, everything.models, trainable=True), everything.models) is None
+    lora = _settings("models.lora.enabled=true")
+    assert FP.attach(load_causal_lm(folder, lora.models), lora.models) is None
+    model = load_causal_lm(folder, _settings().models)
+    assert FP.attach(model, _settings().models) is not None
+    model.model.layers[0].requires_grad_(True)  # unfrozen after attaching: the passes run whole, nothing kept
+    ids, mask = _batch([6, 9], seed=3)
+    last_hidden_states(model, ids, mask)
+    assert FP.stats()["rows"] == 0
+    monkeypatch.setenv(FP.ENV, "0")
+    assert FP.attach(load_causal_lm(folder, _settings().models), _settings().models) is None
+    monkeypatch.setenv(FP.ENV, "lots")
+    with pytest.raises(ValueError, match="WEBRL_FROZEN_CACHE_MB='lots'"):
+        FP.budget_bytes()
+
+
+def test_the_least_recently_used_rows_leave_past_the_budget(folder, monkeypatch):
+    model = load_causal_lm(folder, _settings().models)
+    FP.attach(model, _settings().models)
+    row_bytes = 10 * 48 * 4  # 10 real tokens of hidden size 48 in float32
+    monkeypatch.setenv(FP.ENV, str(2.5 * row_bytes / 2 ** 20))  # room for two such rows
+    with torch.no_grad():
+        for seed in range(3):
+            last_hidden_states(model, *_batch([10], seed=10 + seed))
+    assert FP.stats()["rows"] == 2 and FP.stats()["bytes"] == 2 * row_bytes
+    with torch.no_grad():
+        last_hidden_states(model, *_batch([10], seed=10))  # the first row left: missed again
+    assert FP.stats()["misses"] == 4

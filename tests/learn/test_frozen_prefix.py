@@ -143,3 +143,34 @@ def test_the_least_recently_used_rows_leave_past_the_budget(folder, monkeypatch)
     with torch.no_grad():
         last_hidden_states(model, *_batch([10], seed=10))  # the first row left: missed again
     assert FP.stats()["misses"] == 4
+
+
+def test_a_phase_runs_the_critic_values_and_the_actor_epoch_from_kept_states(folder, tmp_path):
+    """The critic's epoch keeps its prompts; the actor stage's critic values (a loaded critic) then hit every one;
+    the reference pass keeps the prompt + action rows and the epoch hits them."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from actor_samples import button_steps
+
+    from webrl_core.learn.critic import critic_examples
+    from webrl_core.learn.critic_trainer import train_critic
+    from webrl_core.learn.transitions import build_transitions
+    from webrl_core.learn.webrl_trainer import train_actor
+
+    eps = []
+    for e in range(3):
+        ep = {"episode_id": f"e{e}", "success": e != 1, "intent": f"open item {e}"}
+        eps.append((ep, button_steps(ep["intent"], [f'do(action="Click", element="{e + k}")' for k in range(2)],
+                                     [f"<button id={e + k}>Open</button>" for k in range(2)])))
+    samples = build_transitions(eps)
+    settings = _settings("models.max_length=256", "actor.batch_size=2", "critic.batch_size=2")
+    train_critic(samples, folder, tmp_path / "critic", settings)
+    prompts = {e["prompt"] for e in critic_examples(samples)}
+    assert FP.stats()["rows"] == len(prompts) and FP.stats()["hits"] == 0
+    stats = train_actor(samples, folder, tmp_path / "actor", settings, critic_dir=tmp_path / "critic",
+                        progress=False)
+    n_train = stats["n_train"]
+    # critic values: one hit per distinct prompt; the reference pass: a miss per trained sample; the epoch: a hit
+    assert FP.stats()["hits"] == len(prompts) + n_train and FP.stats()["misses"] == len(prompts) + n_train

@@ -386,6 +386,7 @@ def _sample_advantages(samples: list[dict], mode: str, cfg: WebRLConfig, critic_
     with _whole_models():
         critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
                              max_length=settings.models.max_length)
+    critic.requires_grad_(False)  # values only
     frozen_prefix.attach(critic.backbone, settings.models)  # the critic's epoch has seen these prompts
     t0 = time.perf_counter()
     v, nv = critic_values_for(samples, critic, settings, progress)

@@ -211,8 +211,11 @@ class WebRLTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         a = self.args
         ids, attention, n_action = inputs["input_ids"], inputs["attention_mask"], inputs["n_action"]
+        # the Trainer's mixed precision wraps the model's forward; a pass from the frozen-prefix cache calls the
+        # decoder and the head directly, so the autocast is entered here too (a no-op around the wrapped forward)
         if a.loss == "grpo":
-            tok_logp, keep = action_token_logprobs(model, ids, attention, n_action)
+            with self.accelerator.autocast():
+                tok_logp, keep = action_token_logprobs(model, ids, attention, n_action)
             if self._dapo:  # TRL: N / num_processes per rank; a calibration pass alone counts its own tokens
                 items = (n_action.sum() if num_items_in_batch is None
                          else num_items_in_batch / self.accelerator.num_processes)
@@ -224,7 +227,8 @@ class WebRLTrainer(Trainer):
                                          self.max_completion_length, items)
             logp = (tok_logp * keep).sum(-1)
         else:
-            logp = action_logprobs(model, ids, attention, n_action)
+            with self.accelerator.autocast():
+                logp = action_logprobs(model, ids, attention, n_action)
             if a.loss == "filtered_bc":
                 loss, stats = filtered_bc.action_nll(logp, n_action.float()), {}
             else:

@@ -54,6 +54,7 @@ from typing import Iterable
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, LoraConfig, ModelsConfig
+from webrl_core.learn import frozen_prefix
 from webrl_core.learn.model_folder import ModelFolderError, check_model_folder
 from webrl_core.prompts import BOS, EOT, SPECIAL_TOKENS
 
@@ -320,8 +321,6 @@ def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     """Final-layer hidden states [B, T, H] of the backbone (no LM head, no vocabulary-sized tensor); the frozen
     bottom layers' from ``frozen_prefix``'s cache where one is attached. ``model``: a causal LM or a bare
     decoder (the critic's backbone)."""
-    from webrl_core.learn import frozen_prefix
-
     decoder = frozen_prefix.decoder_of(model)
     backbone = decoder if decoder is not None else backbone_and_hidden_size(model)[0]
     positions = position_ids_from_mask(attention_mask)

@@ -144,7 +144,7 @@ def attach(model, models_cfg) -> FrozenPrefix | None:
                    cfg.rms_norm_eps)).encode())
     for t in tensors:
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+        h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy())  # its buffer, no bytes copy
     prefix = FrozenPrefix(n_frozen, h.digest())
     decoder.__dict__[ATTR] = prefix  # a plain attribute: not a module, not in the state dict
     return prefix

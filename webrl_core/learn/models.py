@@ -324,7 +324,7 @@ def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     decoder = frozen_prefix.decoder_of(model)
     backbone = decoder if decoder is not None else backbone_and_hidden_size(model)[0]
     positions = position_ids_from_mask(attention_mask)
-    prefix = frozen_prefix.attached(backbone) if decoder is not None else None
+    prefix = frozen_prefix.attached(backbone)
     if prefix is not None:
         return frozen_prefix.hidden_states(backbone, prefix, input_ids, attention_mask, positions)
     out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)

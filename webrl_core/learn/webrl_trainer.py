@@ -90,7 +90,8 @@ from webrl_core.learn import advantage as adv_mod
 from webrl_core.learn import filtered_bc, frozen_prefix, grpo
 from webrl_core.learn.critic import Critic
 from webrl_core.learn.models import (autocast_context, count_parameters, encode_prompt_action, head_logits,
-                                     last_hidden_states, left_pad, load_causal_lm, load_tokenizer, save_model)
+                                     last_hidden_states, left_pad, load_causal_lm, load_tokenizer,
+                                     position_ids_from_mask, save_model)
 from webrl_core.learn.trainer_utils import (_dist_map, _fields_of, _full_model, _is_main_process, _loss_curve,
                                             _process_device, _trainer_args, _whole_models, actor_micro_batches, fit,
                                             progress_callbacks, trained_shape)
@@ -267,9 +268,8 @@ def action_token_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.
     if decoder is not None and frozen_prefix.attached(decoder) is not None:  # the bottom layers from the cache
         logits = head_logits(model, last_hidden_states(model, input_ids, attention_mask)[:, -(k + 1):-1])
     else:  # the model's own forward (a sharded model runs only through its root)
-        pos = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos, use_cache=False,
-                    logits_to_keep=k + 1)
+        out = model(input_ids=input_ids, attention_mask=attention_mask,
+                    position_ids=position_ids_from_mask(attention_mask), use_cache=False, logits_to_keep=k + 1)
         logits = out.logits[:, :-1].float()                  # position j predicts token j+1
     targets = input_ids[:, -k:]
     tok_logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)

@@ -35,7 +35,9 @@ import torch
 KINDS = ("matmul", "attention", "convert/copy", "elementwise", "optimizer", "python/other")
 _MATMUL = re.compile(r"^aten::(mm|addmm|_addmm_activation|bmm|baddbmm|mv|addmv|dot|matmul|linear)$|mkldnn|onednn|"
                      r"brgemm|gemm")
-_ATTENTION = re.compile(r"scaled_dot_product|flash_attention|^aten::_?softmax|_softmax_backward")
+# sdpa's backends by their operators' names (a GPU run profiles these, not scaled_dot_product_attention alone)
+_ATTENTION = re.compile(r"scaled_dot_product|flash_attention|efficient_attention|cudnn_attention|"
+                        r"^aten::_?softmax|_softmax_backward")
 _COPY = re.compile(r"^aten::(copy_|_to_copy|to|clone|contiguous|cat|stack|embedding|embedding_dense_backward|"
                    r"index|index_select|index_put_|gather|scatter|scatter_add_|fill_|zero_|zeros|zeros_like|"
                    r"new_zeros|empty|empty_strided|empty_like|resize_|_unsafe_view|masked_fill_)$")

@@ -1,13 +1,18 @@
-"""The demo shape's SFT step on a GPU, per attention kernel, on sequence lengths seen and not seen before in the
-process (docs/benchmarks.md, "The training stages on a GPU"): `sft_train` as the pipeline calls it, on a random-init
-folder built from CONFIG_DIR (a model folder's config and tokenizer; ``benchmarks.train_model.random_init``), the
-bench's synthetic WebRL steps. Each call prints one ``RESULT`` line: steps, ms a step, tokens/s.
+"""The demo shape's SFT step on a GPU, per attention kernel and sdpa backend, on sequence lengths seen and not seen
+before in the process (docs/benchmarks.md, "The training stages on a GPU"): `sft_train` as the pipeline calls it,
+on a random-init folder built from CONFIG_DIR (a model folder's config and tokenizer;
+``benchmarks.train_model.random_init``), the bench's synthetic WebRL steps. Each variant gets its own draw of steps
+(its lengths are new to the process in round 1) and meets the same steps again in round 2. Variants: sdpa with
+PyTorch's cuDNN attention allowed (``WEBRL_CUDNN_ATTENTION=1``) and excluded (the default, ``models.to_device``),
+sdpa with the batches padded to a multiple of 64 tokens (cuDNN allowed: few shapes), and eager attention. Each call
+prints one ``RESULT`` line: steps, ms a step, tokens/s.
 
     usage: python infra/gpu/sft_lengths.py CONFIG_DIR [DEVICE]      (DEVICE: cuda, the default, or cpu)
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -19,38 +24,51 @@ import webrl_core.learn.sft_trainer as sft
 from benchmarks.train import synthetic_trajectories
 from benchmarks.train_model import random_init
 from webrl_core.config_loader import load_config
+from webrl_core.learn.models import CUDNN_ATTENTION_ENV
 from webrl_core.learn.transitions import build_transitions
+
+PAD_MULTIPLE = 64
+
+
+def draw(episodes: int, seed: int) -> list[tuple[str, str]]:
+    samples = build_transitions(synthetic_trajectories(episodes, 4, (1500, 4000), seed), gamma=0.9)
+    return [(s["observation"], s["action"]) for s in samples]
 
 
 def main(config_dir: str, device: str = "cuda") -> None:
     folder = random_init(config_dir, Path(tempfile.gettempdir()) / "webrl-sft-lengths-model")
-    samples = build_transitions(synthetic_trajectories(64, 4, (1500, 4000), 0), gamma=0.9)
-    pairs = [(s["observation"], s["action"]) for s in samples]  # 256 pairs
-    progress = sft.progress_callbacks
     dtype = "bfloat16" if device == "cuda" else "float32"
+    trainer_args = sft._trainer_args
 
-    def call(label: str, batch: int, attention: str, bar: bool = True, n: int = 64) -> None:
+    def call(label: str, pairs: list, batch: int, attention: str = "sdpa", cudnn: bool = False,
+             pad_multiple: int | None = None) -> None:
+        os.environ[CUDNN_ATTENTION_ENV] = "1" if cudnn else "0"
+        sft._trainer_args = (trainer_args if pad_multiple is None else
+                             lambda *a, **k: trainer_args(*a, **k, pad_to_multiple_of=pad_multiple))
         settings = load_config("demo", sets=[f"models.actor={folder}", f"models.device={device}",
                                              f"models.dtype={dtype}", f"actor.batch_size={batch}",
                                              f"models.attn_implementation={attention}"])
-        sft.progress_callbacks = progress if bar else (lambda name: [])
         with tempfile.TemporaryDirectory() as tmp:
             if device == "cuda":
                 torch.cuda.synchronize()
             t = time.perf_counter()
-            st = sft.sft_train(pairs[:n], folder, Path(tmp) / "sft", settings, epochs=1)
+            st = sft.sft_train(pairs, folder, Path(tmp) / "sft", settings, epochs=1)
             whole = time.perf_counter() - t
-        print(f"RESULT {label}: batch {batch} {attention} bar={bar}: {st['steps']} steps, train {st['train_s']:.2f}s"
-              f" = {st['train_s'] / st['steps'] * 1000:.0f} ms/step, {st['tokens'] / st['train_s']:.0f} tokens/s"
-              f" (whole call {whole:.1f}s)", flush=True)
+        backend = torch.backends.cuda.cudnn_sdp_enabled() if device == "cuda" else "-"
+        print(f"RESULT {label}: batch {batch} {attention} cudnn_sdp={backend} pad_multiple={pad_multiple}: "
+              f"{st['steps']} steps, train {st['train_s']:.2f}s = {st['train_s'] / st['steps'] * 1000:.0f} ms/step, "
+              f"{st['tokens'] / st['train_s']:.0f} tokens/s (whole call {whole:.1f}s)", flush=True)
 
-    call("warm-up", 4, "sdpa", n=8)
-    for rep in (1, 2):  # round 1 meets the 64 pairs' lengths first with sdpa; round 2 has seen them all
-        call(f"sdpa{rep}", 4, "sdpa")
-        call(f"eager{rep}", 4, "eager")
-        call(f"sdpa-nobar{rep}", 4, "sdpa", bar=False)
-    call("sdpa-b32", 32, "sdpa", n=256)
-    call("eager-b32", 32, "eager", n=256)
+    call("warm-up", draw(2, 99), 4)
+    variants = {"sdpa+cudnn": dict(cudnn=True), "sdpa-no-cudnn": dict(), "sdpa+cudnn-pad64":
+                dict(cudnn=True, pad_multiple=PAD_MULTIPLE), "eager": dict(attention="eager")}
+    draws = {name: draw(16, seed) for seed, name in enumerate(variants, start=1)}  # 64 steps each
+    for rep in (1, 2):  # round 1: each variant's lengths are new to the process; round 2: seen
+        for name, kw in variants.items():
+            call(f"{name} round {rep}", draws[name], 4, **kw)
+    for seed, (name, kw) in enumerate(list(variants.items())[:3], start=11):  # batch 32, new lengths
+        call(f"{name} batch 32", draw(64, seed), 32, **kw)
+    os.environ.pop(CUDNN_ATTENTION_ENV, None)
 
 
 if __name__ == "__main__":

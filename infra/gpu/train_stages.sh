@@ -23,7 +23,7 @@ runs=("$@")
 if [[ ${#runs[@]} -eq 0 ]]; then
   runs=("demo|64||"
         "demo-batch32|64||actor.batch_size=32,critic.batch_size=32"
-        "llama-1b|32|hidden_size=2048,intermediate_size=8192,num_hidden_layers=16,num_attention_heads=32,num_key_value_heads=8|models.train_layers=null,actor.batch_size=16,critic.batch_size=16")
+        "llama-1b|128|hidden_size=2048,intermediate_size=8192,num_hidden_layers=16,num_attention_heads=32,num_key_value_heads=8|models.train_layers=null,actor.batch_size=16,critic.batch_size=16")
 fi
 models=${MODELS:-/tmp/webrl-gpu-train-stages}
 labels=()

@@ -11,6 +11,9 @@ def test_kinds_of_operators():
     assert P.kind_of("aten::mm") == P.kind_of("aten::addmm") == P.kind_of("aten::bmm") == "matmul"
     assert P.kind_of("aten::_scaled_dot_product_flash_attention_for_cpu") == "attention"
     assert P.kind_of("aten::_softmax") == "attention"
+    # the GPU backends sdpa dispatches to (an H200 profile: masked rows ran the memory-efficient kernels)
+    assert P.kind_of("aten::_efficient_attention_backward") == "attention"
+    assert P.kind_of("aten::_cudnn_attention_forward") == "attention"
     assert P.kind_of("aten::copy_") == P.kind_of("aten::_to_copy") == P.kind_of("aten::embedding") == "convert/copy"
     assert P.kind_of("aten::mul") == P.kind_of("aten::silu") == "elementwise"
     assert P.kind_of("autograd::engine::evaluate_function: MmBackward0") == "python/other"

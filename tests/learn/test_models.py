@@ -254,3 +254,26 @@ def test_a_loaded_models_head_reads_a_strided_slice_as_a_contiguous_one(tmp_path
     with torch.no_grad():
         out = head(hidden)
     assert seen == [True] and torch.allclose(out, hidden.contiguous() @ head.weight.T, atol=1e-6)
+
+
+def test_to_device_excludes_cudnn_attention_on_cuda_unless_asked(monkeypatch):
+    """On CUDA the cuDNN sdpa backend is off (a graph per new padded length: docs/benchmarks.md, "The training
+    stages on a GPU"), back on with WEBRL_CUDNN_ATTENTION=1; a CPU placement leaves the process's setting alone."""
+    import webrl_core.learn.models as M
+
+    calls, moved = [], []
+
+    class Module:
+        def to(self, device):
+            moved.append(device)
+            return self
+
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", calls.append)
+    M.to_device(Module(), "cpu")
+    assert calls == [] and moved == [torch.device("cpu")]
+    monkeypatch.setattr(M, "resolve_device", lambda spec: torch.device("cuda"))
+    monkeypatch.delenv(M.CUDNN_ATTENTION_ENV, raising=False)
+    M.to_device(Module(), "auto")
+    monkeypatch.setenv(M.CUDNN_ATTENTION_ENV, "1")
+    M.to_device(Module(), "auto")
+    assert calls == [False, True] and moved[1:] == [torch.device("cuda")] * 2

@@ -50,7 +50,7 @@ from torch import nn
 from webrl_core.learn.micro_batch import scoring_batch
 from webrl_core.learn.models import (apply_lora, count_parameters, downcast_frozen, enable_checkpointing,
                                encode_prompt, from_pretrained, last_hidden_states, left_pad, load_tokenizer,
-                               resolve_device, set_attention, torch_dtype, train_top_layers, upcast_trainable)
+                               set_attention, to_device, torch_dtype, train_top_layers, upcast_trainable)
 
 CRITIC_JSON = "critic.json"
 HEADS_FILE = "heads.safetensors"
@@ -130,7 +130,7 @@ class Critic(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             critic = cls(backbone, tok, head_init_std, max_length)
-        return critic.to(resolve_device(device))
+        return to_device(critic, device)
 
     def for_training(self, models_cfg) -> Critic:
         """Make this critic trainable as ``models_cfg`` (a ``ModelsConfig``) says, in place: gradient
@@ -198,7 +198,7 @@ class Critic(nn.Module):
         state = load_file(str(critic_dir / meta["heads"]))
         critic.head1.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("head1.")})
         critic.head2.load_state_dict({k[6:]: v for k, v in state.items() if k.startswith("head2.")})
-        return critic.to(resolve_device(device))
+        return to_device(critic, device)
 
     # -- forward ----------------------------------------------------------------------------------
 

@@ -72,6 +72,22 @@ def resolve_device(spec: str = "auto") -> torch.device:
     return torch.device(spec)
 
 
+CUDNN_ATTENTION_ENV = "WEBRL_CUDNN_ATTENTION"
+
+
+def to_device(module, spec: str = "auto"):
+    """``module`` moved to the device ``spec`` names (:func:`resolve_device`). On CUDA, PyTorch's
+    ``scaled_dot_product_attention`` then runs without its cuDNN backend for the rest of the process (flash,
+    memory-efficient and math remain), unless ``WEBRL_CUDNN_ATTENTION=1``: on Hopper sdpa prefers cuDNN attention,
+    which builds a graph for every new shape it meets, and a WebRL batch's padded length is new at almost every
+    step (PyTorch's ``torch.backends.cuda.enable_cudnn_sdp``; measured in docs/benchmarks.md, "The training stages
+    on a GPU")."""
+    device = resolve_device(spec)
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(os.environ.get(CUDNN_ATTENTION_ENV, "0") in ("1", "true", "yes"))
+    return module.to(device)
+
+
 def torch_dtype(name: str) -> torch.dtype:
     if name not in _DTYPES:
         raise ValueError(f"models.dtype={name!r} is not one of {sorted(_DTYPES)}")
@@ -234,7 +250,7 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
         if isinstance(e, (MemoryError, KeyboardInterrupt)) or type(e).__name__ == "OutOfMemoryError":
             raise
         raise _loading(p, "model", e) from e
-    model.to(resolve_device(cfg.device))
+    to_device(model, cfg.device)
     contiguous_head_input(model)
     if cfg.attn_implementation != "auto":
         set_attention(model, cfg.attn_implementation)

@@ -277,3 +277,40 @@ def test_to_device_excludes_cudnn_attention_on_cuda_unless_asked(monkeypatch):
     monkeypatch.setenv(M.CUDNN_ATTENTION_ENV, "1")
     M.to_device(Module(), "auto")
     assert calls == [False, True] and moved[1:] == [torch.device("cuda")] * 2
+
+
+def test_compiled_layers_train_as_the_eager_ones(tok_dir, tmp_path, monkeypatch):
+    """WEBRL_COMPILE_LAYERS=1: every decoder layer of a model loaded for training (and of a critic's backbone) runs
+    compiled; the weights' names and the gradients of a padded batch at two lengths equal the eager model's up to
+    rounding. A bad value is named."""
+    from webrl_core.learn.critic import Critic
+    from webrl_core.learn.models import COMPILE_ENV, decoder_layers, head_logits, last_hidden_states
+
+    out = build_embedded_model(tok_dir, tiny("llama"), tmp_path / "m")
+    cfg = ModelsConfig(train_layers=1)
+
+    def grads(flag: str):
+        monkeypatch.setenv(COMPILE_ENV, flag)
+        model = load_causal_lm(out, cfg, trainable=True)
+        torch.manual_seed(0)
+        for length in (19, 33):
+            ids = torch.randint(5, 400, (2, length))
+            mask = torch.ones_like(ids)
+            mask[0, :4] = 0
+            hidden = last_hidden_states(model, ids, mask)[:, -3:]
+            head_logits(model, hidden.reshape(-1, hidden.shape[-1])).logsumexp(-1).mean().backward()
+        return model, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+    eager, g0 = grads("0")
+    compiled, g1 = grads("1")
+    layers = decoder_layers(compiled, "test")[1]
+    assert all(layer._compiled_call_impl is not None for layer in layers)
+    assert all(layer._compiled_call_impl is None for layer in decoder_layers(eager, "test")[1])
+    assert sorted(compiled.state_dict()) == sorted(eager.state_dict()) and g0.keys() == g1.keys() and g0
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-6)
+    critic = Critic.from_backbone(out, dtype="float32", device="cpu").for_training(cfg)
+    assert all(layer._compiled_call_impl is not None for layer in decoder_layers(critic.backbone, "test")[1])
+    monkeypatch.setenv(COMPILE_ENV, "fast")
+    with pytest.raises(ValueError, match="WEBRL_COMPILE_LAYERS='fast'"):
+        load_causal_lm(out, cfg, trainable=True)

@@ -266,18 +266,45 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
         if cfg.gradient_checkpointing:  # inputs must require grad for checkpointed frozen embeddings
             model.enable_input_require_grads()
         model = apply_lora(model, cfg.lora)
-    return downcast_frozen(upcast_trainable(model), torch_dtype(cfg.dtype))
+    model = downcast_frozen(upcast_trainable(model), torch_dtype(cfg.dtype))
+    compile_layers(model)
+    return model
+
+
+def decoder_layers(model, what: str) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
+    """The decoder of a causal LM or backbone (LoRA-wrapped or not) and its list of layers; ``what`` names the
+    setting that needs them in the error when there is none."""
+    base = unwrap(model)
+    decoder = base if hasattr(base, "layers") or hasattr(base, "h") else base.get_decoder()
+    layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None)
+    if layers is None:
+        raise ValueError(f"{what}: {type(decoder).__name__} has no list of decoder layers (.layers/.h)")
+    return decoder, list(layers)
+
+
+COMPILE_ENV = "WEBRL_COMPILE_LAYERS"
+
+
+def compile_layers(model) -> None:
+    """With ``WEBRL_COMPILE_LAYERS=1``, each decoder layer of a model about to train runs through
+    ``torch.compile`` (inductor, dynamic shapes): the layer's normalisations, rotary embedding, activation and
+    autocast casts are fused into fewer kernels, so fewer bytes cross memory per token. Each stage's first steps
+    pay the compilation (about 30 s on a 2-core CPU; inductor keeps its code on disk), so it pays only in long
+    stages (docs/benchmarks.md, "Compiled decoder layers"). The weights' names, saving and the trained values (up
+    to rounding) do not change."""
+    flag = os.environ.get(COMPILE_ENV, "0")
+    if flag not in ("0", "1", "false", "true", "no", "yes", ""):
+        raise ValueError(f"{COMPILE_ENV}={flag!r}: set 1 to compile the decoder layers, 0 (the default) not to")
+    if flag in ("1", "true", "yes"):
+        for layer in decoder_layers(model, COMPILE_ENV)[1]:
+            layer.compile(dynamic=True)
 
 
 def train_top_layers(model, n: int) -> None:
     """Freeze everything except the top ``n`` decoder layers and the final norm (``models.train_layers``): the
     backward pass then stops at the lowest trained layer, which on a CPU without fast bf16 more than doubles the
     trained tokens per second of a 30-layer model (SmolLM2-135M: 66 -> 170 tokens/s with 10 of 30 layers)."""
-    base = unwrap(model)
-    decoder = base if hasattr(base, "layers") or hasattr(base, "h") else base.get_decoder()
-    layers = getattr(decoder, "layers", None) or getattr(decoder, "h", None)
-    if layers is None:
-        raise ValueError(f"models.train_layers: {type(decoder).__name__} has no list of decoder layers (.layers/.h)")
+    decoder, layers = decoder_layers(model, "models.train_layers")
     if n > len(layers):
         raise ValueError(f"models.train_layers={n} but the model has {len(layers)} decoder layers")
     model.requires_grad_(False)

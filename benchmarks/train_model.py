@@ -99,6 +99,13 @@ def _flops(tokens: float, tokens_sq: float, n: int, n_t: int, layers: int, layer
     return float(fwd + ((4 * n_t * tokens + 8 * layers_t * d * tokens_sq) if train else 0))
 
 
+def synthetic_pairs(episodes: int, seed: int, html_chars: tuple[int, int] = (1500, 4000), steps: int = 4
+                    ) -> list[tuple[str, str]]:
+    """The (prompt, action) SFT pairs of the bench's synthetic WebRL steps (the GPU probes' data)."""
+    samples = build_transitions(synthetic_trajectories(episodes, steps, html_chars, seed), gamma=0.9)
+    return [(s["observation"], s["action"]) for s in samples]
+
+
 def run(model: str, config: str = "demo", sets: list[str] | None = None, episodes: int = 8, steps: int = 2,
         html_chars: tuple[int, int] = (1500, 4000), official: bool = True, seed: int = 0, threads: int = 0,
         out: str | None = None, profile: bool = False) -> dict:

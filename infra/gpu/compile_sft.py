@@ -15,11 +15,9 @@ import tempfile
 from pathlib import Path
 
 import webrl_core.learn.sft_trainer as sft
-from benchmarks.train import synthetic_trajectories
-from benchmarks.train_model import random_init
+from benchmarks.train_model import random_init, synthetic_pairs
 from webrl_core.config_loader import load_config
 from webrl_core.learn.models import COMPILE_ENV
-from webrl_core.learn.transitions import build_transitions
 
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8)
@@ -27,8 +25,7 @@ LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, 
 
 def main(config_dir: str, episodes: str = "64") -> None:
     folder = random_init(config_dir, Path(tempfile.gettempdir()) / "webrl-compile-sft-model", **LLAMA_1B)
-    samples = build_transitions(synthetic_trajectories(int(episodes), 4, (1500, 4000), 0), gamma=0.9)
-    pairs = [(s["observation"], s["action"]) for s in samples]
+    pairs = synthetic_pairs(int(episodes), 0)
     for label, flag in (("eager", "0"), ("compiled, first", "1"), ("compiled, again", "1")):
         os.environ[COMPILE_ENV] = flag
         settings = load_config("demo", sets=[f"models.actor={folder}", "models.device=cuda",

@@ -21,18 +21,11 @@ from pathlib import Path
 import torch
 
 import webrl_core.learn.sft_trainer as sft
-from benchmarks.train import synthetic_trajectories
-from benchmarks.train_model import random_init
+from benchmarks.train_model import random_init, synthetic_pairs
 from webrl_core.config_loader import load_config
 from webrl_core.learn.models import CUDNN_ATTENTION_ENV
-from webrl_core.learn.transitions import build_transitions
 
 PAD_MULTIPLE = 64
-
-
-def draw(episodes: int, seed: int) -> list[tuple[str, str]]:
-    samples = build_transitions(synthetic_trajectories(episodes, 4, (1500, 4000), seed), gamma=0.9)
-    return [(s["observation"], s["action"]) for s in samples]
 
 
 def main(config_dir: str, device: str = "cuda") -> None:
@@ -59,15 +52,15 @@ def main(config_dir: str, device: str = "cuda") -> None:
               f"{st['steps']} steps, train {st['train_s']:.2f}s = {st['train_s'] / st['steps'] * 1000:.0f} ms/step, "
               f"{st['tokens'] / st['train_s']:.0f} tokens/s (whole call {whole:.1f}s)", flush=True)
 
-    call("warm-up", draw(2, 99), 4)
+    call("warm-up", synthetic_pairs(2, 99), 4)
     variants = {"sdpa+cudnn": dict(cudnn=True), "sdpa-no-cudnn": dict(), "sdpa+cudnn-pad64":
                 dict(cudnn=True, pad_multiple=PAD_MULTIPLE), "eager": dict(attention="eager")}
-    draws = {name: draw(16, seed) for seed, name in enumerate(variants, start=1)}  # 64 steps each
+    draws = {name: synthetic_pairs(16, seed) for seed, name in enumerate(variants, start=1)}  # 64 steps each
     for rep in (1, 2):  # round 1: each variant's lengths are new to the process; round 2: seen
         for name, kw in variants.items():
             call(f"{name} round {rep}", draws[name], 4, **kw)
     for seed, (name, kw) in enumerate(list(variants.items())[:3], start=11):  # batch 32, new lengths
-        call(f"{name} batch 32", draw(64, seed), 32, **kw)
+        call(f"{name} batch 32", synthetic_pairs(64, seed), 32, **kw)
     os.environ.pop(CUDNN_ATTENTION_ENV, None)
 
 

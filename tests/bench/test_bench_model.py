@@ -172,3 +172,11 @@ def test_gpu_train_stages_script_runs_on_a_cpu(tiny_folder, tmp_path):
     for line, stage in zip(tail, ("sft", "critic", "actor")):
         assert re.fullmatch(rf"  tiny {stage}: \d+ tokens/s, [\d.]+% of peak, [\d.]+% of limit \(\w+\), RSS \d+ MB",
                             line), line
+
+
+def test_synthetic_pairs_are_the_steps_of_the_drawn_episodes():
+    from benchmarks.train_model import synthetic_pairs
+
+    pairs = synthetic_pairs(3, seed=5, html_chars=(200, 400), steps=2)
+    assert len(pairs) == 6 and all(isinstance(p, str) and isinstance(a, str) and p and a for p, a in pairs)
+    assert synthetic_pairs(3, seed=5, html_chars=(200, 400), steps=2) == pairs != synthetic_pairs(3, 6, (200, 400), 2)

@@ -314,3 +314,15 @@ def test_compiled_layers_train_as_the_eager_ones(tok_dir, tmp_path, monkeypatch)
     monkeypatch.setenv(COMPILE_ENV, "fast")
     with pytest.raises(ValueError, match="WEBRL_COMPILE_LAYERS='fast'"):
         load_causal_lm(out, cfg, trainable=True)
+
+
+def test_a_bad_switch_value_is_named(monkeypatch):
+    from webrl_core.learn.models import CUDNN_ATTENTION_ENV, env_switch
+
+    monkeypatch.delenv(CUDNN_ATTENTION_ENV, raising=False)
+    assert env_switch(CUDNN_ATTENTION_ENV) is False
+    monkeypatch.setenv(CUDNN_ATTENTION_ENV, "yes")
+    assert env_switch(CUDNN_ATTENTION_ENV) is True
+    monkeypatch.setenv(CUDNN_ATTENTION_ENV, "on")
+    with pytest.raises(ValueError, match="WEBRL_CUDNN_ATTENTION='on'"):
+        env_switch(CUDNN_ATTENTION_ENV)

@@ -72,6 +72,14 @@ def resolve_device(spec: str = "auto") -> torch.device:
     return torch.device(spec)
 
 
+def env_switch(name: str) -> bool:
+    """An on/off environment variable of ours (off when unset); any other value is named."""
+    value = os.environ.get(name, "0")
+    if value not in ("0", "1", "false", "true", "no", "yes", ""):
+        raise ValueError(f"{name}={value!r}: set 1 to turn it on, 0 (the default) to leave it off")
+    return value in ("1", "true", "yes")
+
+
 CUDNN_ATTENTION_ENV = "WEBRL_CUDNN_ATTENTION"
 
 
@@ -84,7 +92,7 @@ def to_device(module, spec: str = "auto"):
     on a GPU")."""
     device = resolve_device(spec)
     if device.type == "cuda":
-        torch.backends.cuda.enable_cudnn_sdp(os.environ.get(CUDNN_ATTENTION_ENV, "0") in ("1", "true", "yes"))
+        torch.backends.cuda.enable_cudnn_sdp(env_switch(CUDNN_ATTENTION_ENV))
     return module.to(device)
 
 
@@ -292,10 +300,7 @@ def compile_layers(model) -> None:
     pay the compilation (about 30 s on a 2-core CPU; inductor keeps its code on disk), so it pays only in long
     stages (docs/benchmarks.md, "Compiled decoder layers"). The weights' names, saving and the trained values (up
     to rounding) do not change."""
-    flag = os.environ.get(COMPILE_ENV, "0")
-    if flag not in ("0", "1", "false", "true", "no", "yes", ""):
-        raise ValueError(f"{COMPILE_ENV}={flag!r}: set 1 to compile the decoder layers, 0 (the default) not to")
-    if flag in ("1", "true", "yes"):
+    if env_switch(COMPILE_ENV):
         for layer in decoder_layers(model, COMPILE_ENV)[1]:
             layer.compile(dynamic=True)
 

@@ -7,8 +7,8 @@ setup:
 demo: setup  # `make demo CONFIG=demo-full`: another packaged config
 	.venv/bin/webrl demo $(if $(CONFIG),--config $(CONFIG))
 
-test: setup
-	bash infra/setup_vllm.sh  # vLLM in its own environment: tests/agent/test_serving.py serves a phase's actor with it
+test:  # both environments, installed side by side; vLLM's own serves a phase's actor in tests/agent/test_serving.py
+	bash infra/setup_vllm.sh & vllm=$$!; bash infra/setup.sh; status=$$?; wait $$vllm && exit $$status
 	.venv/bin/python -m pytest -q -n 2 tests  # two workers: tests/conftest.py says how they share the suite
 
 bench: setup

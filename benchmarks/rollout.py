@@ -130,6 +130,8 @@ async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg, keep_p
             "action_p50_ms": 1000 * (statistics.median([s["action_s"] for s in steps]) if steps else float("nan")),
             "success": sum(bool(e["success"]) for e in eps) / max(1, len(eps)),
             "errors": sum(e["status"] == "error" for e in eps),
+            # why, when an episode failed every try: an error count alone sends a user to a deleted temp store
+            "first_error": next((e["error"] for e in eps if e["status"] == "error"), None),
             # prompts per policy call: n_envs when the envs wait on one call together (a batched policy)
             "policy_batch": statistics.mean(counted.sizes) if counted.sizes else float("nan"),
             "chromium_pss_mb": peak["pss"], "python_rss_mb": peak["rss"],

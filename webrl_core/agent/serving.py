@@ -14,6 +14,13 @@ that for one stage:
 4. stops the whole process group on exit, on failure and on a signal; a guard process stops it too if the stage's
    process is killed with SIGKILL and cannot clean up, so no orphan holds the GPU.
 
+vLLM on a CPU sizes its key/value cache, unless told, at ``--gpu-memory-utilization`` (0.92) of the machine's memory,
+allocated and touched at start-up: on a 24 GB box it took 20.3 GiB, and the rollout's own Chromium then timed out
+on every reset (docs/benchmarks.md). ``cpu_kv_cache_env`` gives it the ``VLLM_CPU_KVCACHE_SPACE`` (GiB, vLLM's
+``platforms/cpu.py``) that the stage's requests can fill, from the checkpoint's config:
+
+    bytes = 2 (K, V) x n_layers x n_kv_heads x head_dim x bytes per element x models.max_length x policy.concurrency
+
 ``serving.engine: external`` starts nothing: ``policy.base_url`` must then report the expected checkpoint in the
 same way, or the stage fails. The policy identity stored in every episode is ``<engine>:<served name>@hf:<sha256>``
 (``served_policy_digest``): the served name and the checkpoint digest the endpoint vouched for.
@@ -22,6 +29,8 @@ same way, or the stage fails. The policy identity stored in every episode is ``<
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import shlex
 import signal
@@ -36,6 +45,7 @@ from typing import Any, Iterator
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import SERVING_COMMANDS
 from webrl_core.agent.policy import served_model_card
+from webrl_core.learn.models import resolve_device
 
 GUARD_SOURCE = """
 import os, signal, sys, time
@@ -74,6 +84,40 @@ class Endpoint:
 def served_policy_digest(engine: str, model_name: str, actor_ref: ArtifactRef) -> str:
     """The policy identity of episodes acted by ``actor_ref`` served under ``model_name`` by ``engine``."""
     return f"{engine}:{model_name}@hf:{actor_ref.sha256}"
+
+
+def cpu_kv_cache_gib(model_dir: str | Path, max_length: int, sequences: int, dtype: str) -> int:
+    """Whole GiB of keys and values for ``sequences`` requests of ``max_length`` tokens of the checkpoint in
+    ``model_dir`` (its ``config.json``), at least 1 (see module docstring)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ServingError(f"{path}: cannot read the model config to size vLLM's CPU KV cache: {e}") from None
+    cfg = cfg.get("text_config", cfg)  # a multimodal checkpoint keeps its decoder's shape there
+    try:
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
+        layers = int(cfg["num_hidden_layers"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ServingError(f"{path}: no {e} to size vLLM's CPU KV cache; set serving.env "
+                           f"VLLM_CPU_KVCACHE_SPACE (GiB) yourself") from None
+    elem = 4 if dtype == "float32" else 2
+    total = 2 * layers * kv_heads * head_dim * elem * max_length * sequences
+    return max(1, math.ceil(total / 2**30))
+
+
+def cpu_kv_cache_env(settings: Any, model_dir: str | Path) -> dict[str, str]:
+    """``VLLM_CPU_KVCACHE_SPACE`` for a vLLM engine on a CPU that was given no cache size (``serving.env``, the
+    environment, or ``--kv-cache-memory-bytes`` in ``serving.extra_args`` / ``serving.command``); else nothing."""
+    sv, models = settings.serving, settings.models
+    given = ("VLLM_CPU_KVCACHE_SPACE" in sv.env or "VLLM_CPU_KVCACHE_SPACE" in os.environ
+             or any("kv-cache-memory-bytes" in str(a) for a in [*sv.extra_args, sv.command or ""]))
+    if sv.engine != "vllm" or given or resolve_device(models.device).type != "cpu":
+        return {}
+    gib = cpu_kv_cache_gib(model_dir, models.max_length, settings.policy.concurrency, models.dtype)
+    return {"VLLM_CPU_KVCACHE_SPACE": str(gib)}
 
 
 def _free_port(host: str) -> int:
@@ -142,12 +186,14 @@ def served_actor(settings: Any, actor_ref: ArtifactRef, run_dir: str | Path) -> 
     log_path = log_dir / f"{sv.engine}-{actor_ref.sha256[:12]}.log"
     host = f"[{sv.host}]" if ":" in sv.host else sv.host
     base_url = f"http://{host}:{port}/v1"
+    sized = cpu_kv_cache_env(settings, actor_ref.path)  # logged; serving.env is not (it may hold secrets)
     with open(log_path, "ab") as log:
-        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {shlex.join(argv)}\n".encode())
+        set_env = "".join(f"{k}={v} " for k, v in sized.items())
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {set_env}{shlex.join(argv)}\n".encode())
         log.flush()
         try:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **sv.env}, start_new_session=True)
+                                    env={**os.environ, **sized, **sv.env}, start_new_session=True)
         except OSError as e:
             raise ServingError(f"serving.engine={sv.engine}: cannot start {argv[0]!r}: {e.strerror or e}") from None
     guard = subprocess.Popen([sys.executable, "-c", GUARD_SOURCE, str(proc.pid)], stdin=subprocess.PIPE,

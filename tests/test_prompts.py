@@ -304,3 +304,37 @@ def test_rollout_refuses_unknown_compat_before_starting():
     from webrl_core.env.rollout import rollout
     with pytest.raises(ValueError, match=r"'chat'.*allowed: 'webrl', 'official'"):
         asyncio.run(rollout([], None, 1, cfg=None, prompt_compat="chat"))
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+@pytest.mark.parametrize("observation", ["compact_id_after", "html"])
+@pytest.mark.parametrize("past", [[], [R0, R1]])
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_served_chat_model_reads_the_framed_prompt(observation, past, cut):
+    """With the model's own template (the demo's ``prompt.style: chat``), the chat messages a served policy sends,
+    rendered by the server through that template, are the prompt the in-process policy reads and the store keeps;
+    the cut page included. (They were the unframed layout's turns: a served SFT actor solved 0 of 60 where the
+    in-process one solved 5.)"""
+    from webrl_core.agent.policy import OpenAIPolicy
+    from webrl_core.agent_api import StepContext
+    from webrl_core.prompts import render_chat
+
+    fmt = PromptFormat(style="chat", observation=observation, chat_template=CHATML)
+    whole = build_prompt("Buy a lamp", past, PAGE, compat=fmt)
+    budget = len(whole) - 5 if cut else prompts.DEFAULT_BUDGET
+    msgs = build_chat_messages("Buy a lamp", past, PAGE, budget, compat=fmt)
+    prompt = build_prompt("Buy a lamp", past, PAGE, budget, compat=fmt)
+    assert render_chat(fmt, msgs) == prompt
+    assert msgs[0]["content"] == prompts.SMALL_CHAT_SYSTEM and msgs[-1]["content"].endswith("\n\nTask: Buy a lamp")
+    if cut:  # the page gave way, the task did not
+        assert len(prompt) <= budget and prompt != whole and prompt.endswith("Task: Buy a lamp<|im_end|>\n"
+                                                                             "<|im_start|>assistant\n")
+    policy = OpenAIPolicy("http://127.0.0.1:1/v1", "actor", style="chat", compat=fmt)
+    ctx = StepContext(task={"intent": "Buy a lamp"}, html=PAGE, url="http://site/", step=len(past),
+                      past_responses=past)
+    path, body = policy._request(prompt, ctx)
+    assert path == "/chat/completions" and body["messages"] == build_chat_messages("Buy a lamp", past, PAGE,
+                                                                                   compat=fmt)

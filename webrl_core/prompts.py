@@ -245,11 +245,12 @@ def render_chat(fmt: PromptFormat, messages: list[dict[str, str]], add_generatio
 SMALL_CHAT_SYSTEM = "You are a web agent. Reply with one action on the current page."
 
 
-def _framed_prompt(fmt: PromptFormat, intent: str, past_responses: list[str], page: str, budget: int) -> str:
-    """The rounds of the completion layout as chat turns in the model's own template: round 0's user turn is the
+def _framed_messages(fmt: PromptFormat, intent: str, past_responses: list[str], page: str,
+                     budget: int) -> list[dict[str, str]]:
+    """The rounds of the completion layout as chat turns for the model's own template: round 0's user turn is the
     intent, later past rounds show the HTML placeholder, each past response is an assistant turn; the current
     user turn is the page followed by the intent again (a small model copies names from a few tokens back, as
-    ``webrl_restated``), then the template's assistant opener."""
+    ``webrl_restated``). The page is cut so that the rendered prompt fits ``budget`` characters."""
     msgs = [{"role": "system", "content": SMALL_CHAT_SYSTEM}]
     for i, resp in enumerate(past_responses):
         msgs += [{"role": "user", "content": f"Task: {intent}" if i == 0 else HTML_PLACEHOLDER},
@@ -257,7 +258,7 @@ def _framed_prompt(fmt: PromptFormat, intent: str, past_responses: list[str], pa
     tail = f"\n\nTask: {intent}"
     shell = render_chat(fmt, msgs + [{"role": "user", "content": tail}])
     room = max(0, budget - len(shell))
-    return render_chat(fmt, msgs + [{"role": "user", "content": page[:room] + tail}])
+    return msgs + [{"role": "user", "content": page[:room] + tail}]
 
 
 @functools.cache
@@ -319,8 +320,8 @@ def build_prompt(intent: str, past_responses: list[str], html: str, budget: int 
     "webrl_restated") or a ``PromptFormat`` (compact page, the model's chat template)."""
     fmt = as_format(compat)
     compat, html = fmt.compat, fmt.page(html)
-    if fmt.framed:
-        return _framed_prompt(fmt, intent, past_responses, html, budget)
+    if fmt.framed:  # the template's assistant opener ends it
+        return render_chat(fmt, _framed_messages(fmt, intent, past_responses, html, budget))
     if compat == "official":
         return _official_prompt(intent, past_responses, html, budget)
     head = f"Task Instruction: {intent}\n\n"
@@ -363,7 +364,9 @@ CHAT_SYSTEM = (
 def build_chat_messages(intent: str, past_responses: list[str], html: str,
                         budget: int = DEFAULT_BUDGET, *, compat: str | PromptFormat = "webrl",
                         screenshot: bytes | None = None) -> list[dict[str, Any]]:
-    """Chat variant: same elided history as user/assistant turns, current page in the last user turn.
+    """Chat variant: same elided history as user/assistant turns, current page in the last user turn. A framed
+    format (``prompt.style: chat`` with the model's template): the turns that ``build_prompt`` renders, so a served
+    model that applies the same template reads the same text as the in-process policy.
     ``compat``: a compat name (the page is ``html`` as given) or a ``PromptFormat``, whose observation shows the
     page (the compact page; nothing of it for ``screenshot``). ``compat="official"``: the official chat messages,
     whose page is never cut (``budget`` is not used).
@@ -373,7 +376,9 @@ def build_chat_messages(intent: str, past_responses: list[str], html: str,
     text part exactly the string it holds without one."""
     fmt = as_format(compat)
     page = fmt.page(html)
-    if fmt.compat == "official":
+    if fmt.framed:  # the turns ``build_prompt`` renders: a served model's template makes the same text of them
+        msgs = _framed_messages(fmt, intent, past_responses, page, budget)
+    elif fmt.compat == "official":
         msgs = _official_chat(intent, past_responses, page)
     else:
         msgs = [{"role": "system", "content": CHAT_SYSTEM}]

@@ -261,7 +261,8 @@ class ServingConfig(Section):
     extra_args: list[str] = Field(default_factory=list, description="more arguments appended to the command, e.g. "
                                   "[--tensor-parallel-size, '2', --gpu-memory-utilization, '0.85']")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables of the engine "
-                                "(e.g. CUDA_VISIBLE_DEVICES, VLLM_CPU_KVCACHE_SPACE)")
+                                "(e.g. CUDA_VISIBLE_DEVICES). vLLM on a CPU gets VLLM_CPU_KVCACHE_SPACE sized for "
+                                "models.max_length x policy.concurrency unless set here (serving.cpu_kv_cache_env)")
 
     @field_validator("python")
     @classmethod

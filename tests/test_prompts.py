@@ -332,9 +332,8 @@ def test_a_served_chat_model_reads_the_framed_prompt(observation, past, cut):
     if cut:  # the page gave way, the task did not
         assert len(prompt) <= budget and prompt != whole and prompt.endswith("Task: Buy a lamp<|im_end|>\n"
                                                                              "<|im_start|>assistant\n")
-    policy = OpenAIPolicy("http://127.0.0.1:1/v1", "actor", style="chat", compat=fmt)
+    policy = OpenAIPolicy("http://127.0.0.1:1/v1", "actor", style="chat", compat=fmt, obs_budget=budget)
     ctx = StepContext(task={"intent": "Buy a lamp"}, html=PAGE, url="http://site/", step=len(past),
                       past_responses=past)
-    path, body = policy._request(prompt, ctx)
-    assert path == "/chat/completions" and body["messages"] == build_chat_messages("Buy a lamp", past, PAGE,
-                                                                                   compat=fmt)
+    path, body = policy._request(prompt, ctx)  # the rollout's env.obs_char_budget, not the default
+    assert path == "/chat/completions" and body["messages"] == msgs

@@ -196,3 +196,11 @@ def test_vllm_cpu_kv_cache_env_only_when_nothing_sized_it(tmp_path, monkeypatch)
         assert cpu_kv_cache_env(settings_for(tmp_path, *base, given), model) == {}, given
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # the user's shell decides
     assert cpu_kv_cache_env(settings_for(tmp_path, *base), model) == {}
+
+
+def test_a_served_policy_cuts_the_page_at_the_rollouts_budget(tmp_path):
+    """The chat turns a served policy sends cut the page at env.obs_char_budget, as the rollout's stored prompt."""
+    s = settings_for(tmp_path, "env.obs_char_budget=700", "policy.base_url=http://127.0.0.1:1/v1",
+                     "policy.model_name=actor")
+    policy = make_policy(s, None, 0.0, "rollout")
+    assert getattr(policy, "policy", policy).obs_budget == 700  # under name grounding where the config has it

@@ -48,7 +48,8 @@ from webrl_core.config import ModelsConfig, PolicyConfig
 from webrl_core.identity import action_seed
 from webrl_core.learn.models import (encode_prompt, left_pad, load_causal_lm, load_tokenizer, resolve_device,
                                stop_token_id)
-from webrl_core.prompts import STOP_TOKEN, PromptFormat, as_format, build_chat_messages, check_screenshot_input
+from webrl_core.prompts import (DEFAULT_BUDGET, STOP_TOKEN, PromptFormat, as_format, build_chat_messages,
+                                check_screenshot_input)
 
 if TYPE_CHECKING:
     import openai
@@ -126,7 +127,8 @@ class HFPolicy:
 
     def __init__(self, model_path: str | os.PathLike, cfg: PolicyConfig | None = None,
                  models_cfg: ModelsConfig | None = None, temperature: float | None = None,
-                 policy_id: str | None = None, style: str = "completion", compat: str | PromptFormat = "webrl"):
+                 policy_id: str | None = None, style: str = "completion", compat: str | PromptFormat = "webrl",
+                 obs_budget: int = DEFAULT_BUDGET):
         check_screenshot_input(as_format(compat).observation, "hf", style)  # before the model loads: no image input
         models_cfg = models_cfg or ModelsConfig()
         self._bind(load_tokenizer(model_path), load_causal_lm(model_path, models_cfg, trainable=False),
@@ -137,6 +139,7 @@ class HFPolicy:
         self.device = resolve_device(self.models_cfg.device)
         self.temperature = self.cfg.temperature if temperature is None else temperature
         self.style = style
+        self.obs_budget = obs_budget  # env.obs_char_budget: the chat turns cut the page as the stored prompt does
         self.policy_id = policy_id or f"hf:{Path(model_path).name}@T{self.temperature:g}"
 
     @classmethod
@@ -155,6 +158,7 @@ class HFPolicy:
         fmt = as_format(compat)
         self.cfg, self.models_cfg, self.tok, self.model = cfg, models_cfg, tok, model
         self.framed = fmt.framed  # prompts arrive rendered through the chat template already
+        self.obs_budget = DEFAULT_BUDGET
         self.format, self.compat = fmt, fmt.compat
         self.stop_ids = sorted({stop_token_id(tok)} | ({tok.eos_token_id} - {None}))
         max_pos = getattr(model.config, "max_position_embeddings", None) or models_cfg.max_length
@@ -173,7 +177,8 @@ class HFPolicy:
         if self.style != "chat" or self.framed:
             return prompt
         if ctx is not None:
-            msgs = build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.format)
+            msgs = build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html,
+                                       self.obs_budget, compat=self.format)
         else:
             msgs = [{"role": "user", "content": prompt}]
         if not getattr(self.tok, "chat_template", None):
@@ -235,7 +240,7 @@ class OpenAIPolicy:
     def __init__(self, base_url: str, model_name: str, cfg: PolicyConfig | None = None,
                  temperature: float | None = None, style: str = "completion", api_key: str | None = None,
                  policy_id: str | None = None, timeout_s: float = 120.0, retries: int = 3,
-                 compat: str | PromptFormat = "webrl"):
+                 compat: str | PromptFormat = "webrl", obs_budget: int = DEFAULT_BUDGET):
         self.format = as_format(compat)
         self.compat = self.format.compat
         if not base_url or "://" not in base_url:
@@ -254,6 +259,7 @@ class OpenAIPolicy:
         self.policy_id = policy_id or f"openai:{model_name}@T{self.temperature:g}"
         self.timeout_s = timeout_s
         self.retries = retries
+        self.obs_budget = obs_budget  # env.obs_char_budget: the chat turns cut the page as the stored prompt does
 
     def _request(self, prompt: str, ctx: StepContext | None) -> tuple[str, dict]:
         """The request's path and body. A sampled step with an episode id sends the OpenAI API's ``seed``
@@ -271,7 +277,8 @@ class OpenAIPolicy:
                 raise ValueError(f"prompt.observation={self.format.observation!r}: step "
                                  f"{getattr(ctx, 'step', '?')} of {getattr(ctx, 'episode_id', '') or 'a request'} "
                                  f"came without its screenshot (the rollout takes one per step)")
-            msgs = (build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, compat=self.format,
+            msgs = (build_chat_messages(ctx.task.get("intent", ""), ctx.past_responses, ctx.html, self.obs_budget,
+                                        compat=self.format,
                                         screenshot=shot) if ctx
                     else [{"role": "user", "content": prompt}])
             return "/chat/completions", {**body, "messages": msgs}

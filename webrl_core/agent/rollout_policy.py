@@ -154,10 +154,13 @@ def _model_or_scripted_policy(settings: Any, actor_ref: ArtifactRef | None, temp
         if endpoint is not None:
             return OpenAIPolicy(endpoint.base_url, endpoint.model_name, cfg=settings.policy, temperature=temperature,
                                 style=settings.prompt.style, compat=prompt_format(settings),
-                                policy_id=f"{endpoint.policy_digest}@T{temperature:g}")
+                                policy_id=f"{endpoint.policy_digest}@T{temperature:g}",
+                                obs_budget=settings.env.obs_char_budget)
         return OpenAIPolicy(settings.policy.base_url, settings.policy.model_name, cfg=settings.policy,
-                            temperature=temperature, style=settings.prompt.style, compat=prompt_format(settings))
+                            temperature=temperature, style=settings.prompt.style, compat=prompt_format(settings),
+                            obs_budget=settings.env.obs_char_budget)
     actor_dir = actor_ref.path
     return HFPolicy(actor_dir, settings.policy, settings.models, temperature=temperature,
                     policy_id=f"{Path(actor_dir).parent.name}/{Path(actor_dir).name}@T{temperature:g}",
-                    style=settings.prompt.style, compat=prompt_format(settings))
+                    style=settings.prompt.style, compat=prompt_format(settings),
+                    obs_budget=settings.env.obs_char_budget)

@@ -132,14 +132,13 @@ class HFPolicy:
         check_screenshot_input(as_format(compat).observation, "hf", style)  # before the model loads: no image input
         models_cfg = models_cfg or ModelsConfig()
         self._bind(load_tokenizer(model_path), load_causal_lm(model_path, models_cfg, trainable=False),
-                   cfg or PolicyConfig(), models_cfg, compat)
+                   cfg or PolicyConfig(), models_cfg, compat, obs_budget)
         if self.cfg.decode_matmul == "auto":
             decode_linear.apply(self.model, self.cfg.batch_size)
         self.model_path = str(model_path)
         self.device = resolve_device(self.models_cfg.device)
         self.temperature = self.cfg.temperature if temperature is None else temperature
         self.style = style
-        self.obs_budget = obs_budget  # env.obs_char_budget: the chat turns cut the page as the stored prompt does
         self.policy_id = policy_id or f"hf:{Path(model_path).name}@T{self.temperature:g}"
 
     @classmethod
@@ -153,12 +152,13 @@ class HFPolicy:
         self.policy_id = "hf:<in memory>"
         return self
 
-    def _bind(self, tok, model, cfg: PolicyConfig, models_cfg: ModelsConfig, compat: str | PromptFormat) -> None:
+    def _bind(self, tok, model, cfg: PolicyConfig, models_cfg: ModelsConfig, compat: str | PromptFormat,
+              obs_budget: int = DEFAULT_BUDGET) -> None:
         """The tokenizer, model and settings every generation reads: stop ids and the prompt's token room."""
         fmt = as_format(compat)
         self.cfg, self.models_cfg, self.tok, self.model = cfg, models_cfg, tok, model
         self.framed = fmt.framed  # prompts arrive rendered through the chat template already
-        self.obs_budget = DEFAULT_BUDGET
+        self.obs_budget = obs_budget  # env.obs_char_budget: the chat turns cut the page as the stored prompt does
         self.format, self.compat = fmt, fmt.compat
         self.stop_ids = sorted({stop_token_id(tok)} | ({tok.eos_token_id} - {None}))
         max_pos = getattr(model.config, "max_position_embeddings", None) or models_cfg.max_length

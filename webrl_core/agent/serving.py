@@ -45,7 +45,7 @@ from typing import Any, Iterator
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import SERVING_COMMANDS
 from webrl_core.agent.policy import served_model_card
-from webrl_core.learn.models import resolve_device
+from webrl_core.learn.models import resolve_device, torch_dtype
 
 GUARD_SOURCE = """
 import os, signal, sys, time
@@ -103,8 +103,7 @@ def cpu_kv_cache_gib(model_dir: str | Path, max_length: int, sequences: int, dty
     except (KeyError, TypeError, ValueError) as e:
         raise ServingError(f"{path}: no {e} to size vLLM's CPU KV cache; set serving.env "
                            f"VLLM_CPU_KVCACHE_SPACE (GiB) yourself") from None
-    elem = 4 if dtype == "float32" else 2
-    total = 2 * layers * kv_heads * head_dim * elem * max_length * sequences
+    total = 2 * layers * kv_heads * head_dim * torch_dtype(dtype).itemsize * max_length * sequences
     return max(1, math.ceil(total / 2**30))
 
 

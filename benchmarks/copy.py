@@ -122,7 +122,7 @@ def train_and_check(settings, folder: Path, pairs: list[tuple[str, str]], val: l
                     kinds: dict[str, str]) -> dict:
     """Build the embedded model of ``settings.models.embedded``, SFT it like ``bootstrap.sft_actor``, check it."""
     from webrl_core.learn.sft_augment import augmented_sft_passes
-    from webrl_core.learn.models import build_embedded_model
+    from webrl_core.learn.embedded_model import build_embedded_model
     from webrl_core.learn.sft_trainer import sft_train
 
     emb, boot = settings.models.embedded, settings.bootstrap

@@ -86,6 +86,7 @@ def count_params(config, lora_r: int = 16) -> ParamCounts:
     from transformers import AutoModelForCausalLM
 
     from webrl_core.learn.critic import value_head, hidden_size_of
+    from webrl_core.learn.model_folder import kv_width
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
@@ -99,10 +100,8 @@ def count_params(config, lora_r: int = 16) -> ParamCounts:
     lora = sum(lora_r * (m.in_features + m.out_features) for m in model.get_decoder().modules()
                if isinstance(m, torch.nn.Linear))
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads_n = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or h // text.num_attention_heads
     return ParamCounts(causal_lm=total, lm_head=lm_head, backbone=total - lm_head, critic_heads=heads, lora=lora,
-                       lora_r=lora_r, hidden_size=h, layers=text.num_hidden_layers, kv_dim=heads_n * head_dim,
+                       lora_r=lora_r, hidden_size=h, layers=text.num_hidden_layers, kv_dim=kv_width(text.to_dict()),
                        intermediate_size=text.intermediate_size, vocab_size=text.vocab_size)
 
 

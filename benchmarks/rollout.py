@@ -25,6 +25,7 @@ from pathlib import Path
 
 from webrl_core.env.browser import BrowserPool, chromium_pids
 from webrl_core.env.rollout import default_attempts, rollout, run_rollout
+from webrl_core.learn.model_folder import kv_width
 
 
 def _pss_kb(pid: int) -> int:
@@ -91,7 +92,8 @@ class _CallSizes:
         return await self.policy.act(prompts, *args, **kwargs)
 
 
-async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg, keep_prompts: bool = False) -> dict:
+async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg, keep_prompts: bool = False,
+                   prompt_compat="webrl") -> dict:
     cfg = cfg.model_copy(update={"n_envs": n_envs})
     peak = {"pss": 0.0, "rss": 0.0}
     stop = asyncio.Event()
@@ -113,11 +115,11 @@ async def _measure(tasks, policy, hooks, n_envs: int, episodes: int, cfg, keep_p
     async with BrowserPool(cfg) as pool:
         smp = asyncio.create_task(sampler())
         await rollout(pick(0, n_envs), policy, n_envs, cfg=cfg, hooks=hooks, pool=pool, progress=False,
-                      purpose="bench-warmup")
+                      purpose="bench-warmup", prompt_compat=prompt_compat)
         counted = _CallSizes(policy)
         t0 = time.perf_counter()
         eps = await rollout(pick(n_envs, episodes), counted, n_envs, cfg=cfg, hooks=hooks, pool=pool,
-                            progress=False, purpose="bench")
+                            progress=False, purpose="bench", prompt_compat=prompt_compat)
         wall = time.perf_counter() - t0
         stop.set()
         await smp
@@ -166,7 +168,7 @@ def _engine_tasks(n: int, seed: int, data_seed: int) -> list[dict]:
 
 def _bench_actor(settings, root) -> "ArtifactRef":  # noqa: F821 -- the config's embedded model, random init
     from webrl_core.artifacts import ArtifactRef
-    from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+    from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
     from webrl_core.prompts import build_prompt
 
     emb = settings.models.embedded
@@ -321,11 +323,8 @@ def decoder_shape(folder: str) -> dict:
     head_w = model.get_output_embeddings().weight
     head = head_w.numel()
     untied_head = 0 if head_w is model.get_input_embeddings().weight else head
-    heads = text.num_attention_heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    kv = getattr(text, "num_key_value_heads", None) or heads
     return {"layer_params": total - emb - untied_head, "head_params": head, "layers": text.num_hidden_layers,
-            "hidden": text.hidden_size, "kv_width": kv * head_dim}
+            "hidden": text.hidden_size, "kv_width": kv_width(text.to_dict())}
 
 
 def policy_limit_s(shape: dict, calls: list[tuple[list[int], list[int]]], peak_flops: float, bandwidth: float,
@@ -392,22 +391,29 @@ class _PolicyLimit:
 
 
 def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), episodes: int = 8,
-                        on_row=None) -> list[dict]:
-    """Env steps/s of the embedded sites' test tasks with ``model`` (an HF folder) acting through the policy a
+                        on_row=None, keep_prompts: bool = False) -> list[dict]:
+    """Env steps/s of the embedded sites' test tasks (``eval.max_tasks`` of them, stratified by site as the
+    evaluation takes them) with ``model`` (an HF folder) acting through the policy a
     training rollout builds from ``settings`` (``rollout_policy.make_policy``): in-process ``HFPolicy`` with
     ``policy.backend: hf``, or, with ``policy.backend: openai``, the engine ``serving.engine`` started for the
     checkpoint as the rollout stage starts it (``served_actor``; its start-up seconds reported apart), per n_envs;
     beside it the policy alone: the same prompts that the rollout sent, acted on again in batches of n_envs (what
     the rollout's policy calls would cost with no browser and no waiting), as steps/s, and against that the
-    policy's limit on this box (``policy_limit_s``: ``policy_limit_share`` = limit / policy seconds)."""
+    policy's limit on this box (``policy_limit_s``: ``policy_limit_share`` = limit / policy seconds). The prompts
+    are the config's (``prompts.prompt_format``: ``prompt.style``, ``prompt.observation``), built as a rollout
+    stage builds them; ``keep_prompts``: each row also holds them (``prompts``)."""
     from webrl_core.agent.rollout_policy import make_policy, needs_server
     from webrl_core.agent.serving import served_actor
     from webrl_core.artifacts import ArtifactRef
+    from webrl_core.pipeline.task_sets import stratified
+    from webrl_core.prompts import prompt_format
     from webrl_core.sites import EmbeddedSites, test_set
 
     ref = ArtifactRef.of(model, "model")
     sites = EmbeddedSites(data_seed=0, workers=settings.sites.workers).start()
-    tasks = test_set(0)
+    # the tasks `webrl eval` runs, in its order (one site after the other): the first 16 of the whole test set
+    # are all shopping tasks, whose pages and actions are not the demo's mix
+    tasks = stratified(test_set(0), settings.eval.max_tasks)
     rows = []
     with contextlib.ExitStack() as stack:
         stack.callback(sites.stop)
@@ -420,8 +426,9 @@ def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), epi
         policy = make_policy(settings, ref, settings.policy.temperature, "rollout", endpoint)
         limit = _PolicyLimit(str(model), settings, policy)
         for n in n_envs_list:
-            row = asyncio.run(_measure(tasks, policy, sites, n, episodes, settings.env, keep_prompts=True))
-            prompts = row.pop("prompts")
+            row = asyncio.run(_measure(tasks, policy, sites, n, episodes, settings.env, keep_prompts=True,
+                                       prompt_compat=prompt_format(settings)))
+            prompts = row["prompts"] if keep_prompts else row.pop("prompts")
             calls = []
             t0 = time.perf_counter()
             for i in range(0, len(prompts), n):

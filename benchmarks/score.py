@@ -28,7 +28,8 @@ from rich.console import Console
 from rich.table import Table
 
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, OrmConfig
-from webrl_core.learn.models import build_embedded_model, load_causal_lm, load_tokenizer, n_params, train_embedded_tokenizer
+from webrl_core.learn.models import load_causal_lm, load_tokenizer, n_params
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.orm import OrmScorer, official_orm_p_yes
 from webrl_core.prompts import build_orm_prompt, build_prompt
 from webrl_core.learn.replay import inverse_perplexity, official_perplexity

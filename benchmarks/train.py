@@ -40,8 +40,9 @@ from benchmarks.score import _page, _response
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.models import (autocast_context, build_embedded_model, encode_prompt, encode_prompt_action,
-                                     load_causal_lm, load_tokenizer, n_params, train_embedded_tokenizer)
+from webrl_core.learn.models import (autocast_context, encode_prompt, encode_prompt_action, load_causal_lm,
+                                     load_tokenizer, n_params)
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.trainer_utils import actor_micro_batches
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.learn.webrl_trainer import train_actor

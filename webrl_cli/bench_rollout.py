@@ -43,7 +43,8 @@ def register(app: typer.Typer) -> None:
         cpus_per_node: int = typer.Option(1, "--cpus-per-node", min=1, help="--engine ray: CPUs each local node offers "
                                             "(1: one shard at a time per node)"),
         model: str | None = typer.Option(None, help="HF causal-LM folder or short name (smollm2-135m-instruct) as the "
-                                         "policy on the embedded sites' test tasks; prints env steps/s and the "
+                                         "policy on the embedded sites' test tasks (the evaluation's stratified "
+                                         "eval.max_tasks); prints env steps/s and the "
                                          "policy alone on the same prompts (default n_envs 4, 8 episodes, config "
                                          "demo)"),
         config: str | None = typer.Option(None, "--config", "-c", help="config file for the env section"),
@@ -118,7 +119,8 @@ def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int
                   f"{m.dtype} ({m.dtype_why}), policy.batch_size={settings.policy.batch_size}, "
                   f"max_new_tokens={settings.policy.max_new_tokens}, temperature={settings.policy.temperature}, "
                   f"env.max_steps={settings.env.max_steps}, batch_wait_s={settings.env.batch_wait_s}; "
-                  f"{episodes} timed episodes per n_envs on the embedded test tasks")
+                  f"{episodes} timed episodes per n_envs on the evaluation's embedded test tasks "
+                  f"(eval.max_tasks={settings.eval.max_tasks}, stratified by site)")
     rows = bench_model_rollout(str(m.actor), settings, ns, episodes,
                                on_row=lambda r: console.print(f"  n_envs={r['n_envs']}: {r['steps_per_s']:.2f} "
                                                               f"steps/s, policy alone "

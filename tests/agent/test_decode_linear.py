@@ -12,7 +12,7 @@ from webrl_core.agent.decode_linear import WeightsFirstLinear
 from webrl_core.agent.policy import HFPolicy
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, PolicyConfig
 from webrl_core.learn import micro_batch
-from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 
 

@@ -10,7 +10,8 @@ from transformers.cache_utils import DynamicLayer
 from webrl_core.agent import kv_cache
 from webrl_core.agent.kv_cache import ReservedLayer, reserved_cache
 from webrl_core.config import EmbeddedModelConfig
-from webrl_core.learn.models import build_embedded_model, left_pad, train_embedded_tokenizer
+from webrl_core.learn.models import left_pad
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 
 

@@ -18,7 +18,8 @@ import uvicorn
 from webrl_core.agent_api import Policy, StepContext
 from webrl_core.artifacts import sha256_path
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, PolicyConfig
-from webrl_core.learn.models import build_embedded_model, load_tokenizer, train_embedded_tokenizer
+from webrl_core.learn.models import load_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, openai_app, served_model_digest
 from webrl_core.identity import action_seed
 from webrl_core.prompts import build_prompt

@@ -20,7 +20,7 @@ from webrl_core.agent_api import StepContext
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
-from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.agent.policy import OpenAIPolicy
 from webrl_core.prompts import build_prompt
 from webrl_core.agent.rollout_policy import make_policy, policy_digest_for
@@ -177,6 +177,10 @@ def test_vllm_cpu_kv_cache_is_sized_from_the_checkpoint(tmp_path):
     assert cpu_kv_cache_gib(llama_1b, 4096, 16, "float32") == 4
     assert cpu_kv_cache_gib(llama_1b, 4096, 16, "bfloat16") == 2
     assert cpu_kv_cache_gib(llama_1b, 4096, 17, "float32") == 5
+    # a multimodal checkpoint keeps its decoder's shape in text_config
+    vlm = write_config(tmp_path / "vlm", text_config=json.loads((llama_1b / "config.json").read_text()),
+                       vision_config={"hidden_size": 1024, "num_attention_heads": 16})
+    assert cpu_kv_cache_gib(vlm, 4096, 16, "float32") == 4
     explicit = write_config(tmp_path / "hd", num_hidden_layers=1, num_attention_heads=2, head_dim=8)
     assert cpu_kv_cache_gib(explicit, 64, 1, "float32") == 1  # a few KB: never less than 1 GiB
     with pytest.raises(ServingError, match=r"hd2/config.json: no 'num_hidden_layers'.*VLLM_CPU_KVCACHE_SPACE"):

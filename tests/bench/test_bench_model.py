@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from webrl_cli.main import app
 from benchmarks import op_profile as P
 from webrl_core.config import EmbeddedModelConfig
-from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 
 
@@ -59,6 +59,23 @@ def test_bench_rollout_model_reports_env_and_policy_only_steps(tiny_folder):
     row = [c.strip() for c in next(ln for ln in res.output.splitlines() if ln.startswith("│")).split("│")]
     assert row[header.index("n_envs")] == "2"
     assert 1 <= float(row[header.index("batch")]) <= 2  # prompts per policy call: at most n_envs
+
+
+def test_bench_rollout_model_acts_on_the_configs_prompts(tiny_folder):
+    """The bench's rollout builds each step's prompt in the config's format, as a rollout stage does: with
+    ``prompt.observation: compact_id_after`` the page reaches the policy as `name [id]` lines, not as HTML (it
+    measured the default layout whatever the config said, about 3x the demo's prompt tokens)."""
+    from benchmarks.rollout import bench_model_rollout
+    from webrl_core.config_loader import load_config
+
+    settings = load_config("smoke", sets=[f"models.actor={tiny_folder}", "env.max_steps=2", "models.max_length=512",
+                                          "policy.max_new_tokens=8", "prompt.observation=compact_id_after"])
+    rows = bench_model_rollout(str(tiny_folder), settings, [2], 2, keep_prompts=True)
+    prompts = rows[0]["prompts"]
+    assert prompts and len(prompts) == rows[0]["steps"]
+    for prompt in prompts:
+        page = prompt.split("<|start_header_id|>user<|end_header_id|>\n")[-1]
+        assert "</" not in page and re.search(r"\[\d+\]", page), page[:300]
 
 
 def test_bench_rollout_model_through_a_served_engine(tiny_folder):

@@ -10,7 +10,7 @@ from webrl_cli.main import app
 from benchmarks.orm import agreement, labelled_episodes, nested_balanced, roc_auc
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.errors import MissingInput
-from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.runs.store import TrajectoryStore
 
 OK = 'do(action="Click", element="7")'

@@ -8,7 +8,8 @@ import torch
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic, critic_examples, critic_loss
-from webrl_core.learn.models import build_embedded_model, left_pad, train_embedded_tokenizer
+from webrl_core.learn.models import left_pad
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 from webrl_core.learn.critic_trainer import train_critic
 from webrl_core.learn.transitions import build_transitions

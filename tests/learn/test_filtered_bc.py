@@ -10,7 +10,7 @@ from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import webrl_trainer
 from webrl_core.learn.filtered_bc import _quantile, action_nll, select_successful_episodes
-from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.learn.webrl_trainer import train_actor, webrl_actor_loss
 from webrl_core.prompts import build_prompt

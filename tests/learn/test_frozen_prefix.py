@@ -9,8 +9,8 @@ from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import frozen_prefix as FP
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.models import (build_embedded_model, last_hidden_states, left_pad, load_causal_lm,
-                                     train_embedded_tokenizer)
+from webrl_core.learn.models import last_hidden_states, left_pad, load_causal_lm
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 
 

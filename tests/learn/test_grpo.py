@@ -15,7 +15,8 @@ from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import grpo
 from webrl_core.learn.grpo import episode_advantages, group_advantages, grpo_loss
-from webrl_core.learn.models import build_embedded_model, load_causal_lm, load_tokenizer, train_embedded_tokenizer
+from webrl_core.learn.models import load_causal_lm, load_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.learn.webrl_trainer import (ActorCollator, WebRLConfig, WebRLTrainer, action_token_logprobs,
                                             encode_samples, sequence_logprobs, train_actor)

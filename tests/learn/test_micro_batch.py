@@ -12,8 +12,8 @@ import torch
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import micro_batch
-from webrl_core.learn.models import (attention_of, build_embedded_model, load_causal_lm, set_attention,
-                                     load_tokenizer, train_embedded_tokenizer)
+from webrl_core.learn.models import attention_of, load_causal_lm, set_attention, load_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.replay import score_replay
 from webrl_core.learn.sft_trainer import sft_train
 from webrl_core.prompts import build_prompt

@@ -16,8 +16,8 @@ from webrl_core.scale import launch
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, TrainingConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.models import (build_embedded_model, load_causal_lm, load_tokenizer, save_model,
-                               train_embedded_tokenizer, trainer_precision_args)
+from webrl_core.learn.models import load_causal_lm, load_tokenizer, save_model, trainer_precision_args
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 from webrl_core.learn.transitions import build_transitions
 

@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from webrl_core.config import EmbeddedModelConfig, LoraConfig, ModelsConfig
-from webrl_core.learn.models import (apply_lora, backbone_and_hidden_size, build_embedded_model, count_parameters,
-                               encode_prompt_action, load_causal_lm, load_tokenizer, save_model, stop_token_id,
-                               train_embedded_tokenizer)
+from webrl_core.learn.models import (apply_lora, backbone_and_hidden_size, count_parameters, encode_prompt_action,
+                                     load_causal_lm, load_tokenizer, save_model, stop_token_id)
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import ASSISTANT_HEADER, BOS, EOT, SPECIAL_TOKENS, build_prompt
 
 ACTION = '# Element: the search box\ndo(action="Type", argument="blue shirt", element="12")'
@@ -239,7 +239,8 @@ def test_a_loaded_models_head_reads_a_strided_slice_as_a_contiguous_one(tmp_path
     import torch
 
     from webrl_core.config import EmbeddedModelConfig, ModelsConfig
-    from webrl_core.learn.models import build_embedded_model, load_causal_lm, train_embedded_tokenizer
+    from webrl_core.learn.models import load_causal_lm
+    from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 
     train_embedded_tokenizer([f"word {i} other {i * 7}" for i in range(50)], 300, tmp_path / "tok")
     folder = build_embedded_model(tmp_path / "tok", EmbeddedModelConfig(vocab_size=300, hidden_size=32,

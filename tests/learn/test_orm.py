@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, OrmConfig
-from webrl_core.learn.models import build_embedded_model, load_tokenizer, train_embedded_tokenizer
+from webrl_core.learn.models import load_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.orm import (OrmScorer, answer_sequences, answer_token_ids, evaluate_orm, official_orm_p_yes, orm_decision,
                             orm_examples_from_episodes, orm_prompt_for_episode, split_examples, train_orm)
 from webrl_core.prompts import build_orm_prompt

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig
-from webrl_core.learn.models import (build_embedded_model, encode_prompt_action, load_causal_lm, load_tokenizer,
-                               train_embedded_tokenizer)
+from webrl_core.learn.models import encode_prompt_action, load_causal_lm, load_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 from webrl_core.learn.replay import (first_success_per_intent, inverse_perplexity, official_perplexity, score_replay,
                                select_replay)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig
-from webrl_core.learn.models import build_embedded_model, load_causal_lm, train_embedded_tokenizer
+from webrl_core.learn.models import load_causal_lm
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.sft_trainer import selected_token_nll
 
 

@@ -10,8 +10,8 @@ from actor_samples import button_steps, per_token_logp
 from webrl_core.config import ActorTrainConfig, EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic, critic_examples
-from webrl_core.learn.models import (build_embedded_model, encode_prompt_action, left_pad, load_causal_lm, load_tokenizer,
-                               train_embedded_tokenizer)
+from webrl_core.learn.models import encode_prompt_action, left_pad, load_causal_lm, load_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 from webrl_core.learn.critic_trainer import train_critic
 from webrl_core.learn.sft_trainer import sft_train

@@ -7,7 +7,7 @@ import pytest
 
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config_loader import load_config
-from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.orm import OrmScorer, orm_prompt_for_episode
 from webrl_core.pipeline.experience import orm_label
 from webrl_core.runs.store import TrajectoryStore

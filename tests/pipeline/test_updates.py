@@ -50,7 +50,7 @@ def test_the_critic_trains_on_the_replay_only_when_asked(tmp_path):
     transitions only; the actor's data is not affected by it."""
     from webrl_core.artifacts import ArtifactRef, write_jsonl
     from webrl_core.config import EmbeddedModelConfig
-    from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+    from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
     from webrl_core.learn.critic_trainer import train_critic
     from webrl_core.learn.transitions import build_transitions
     from webrl_core.pipeline.updates import update_critic

@@ -26,7 +26,7 @@ from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn.critic import Critic
 from webrl_core.scale.launch import LaunchError, TrainingConfig
-from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.runs import loss_history

@@ -26,7 +26,7 @@ from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
-from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 from webrl_core.scale.ray_cluster import LocalRayCluster
 from webrl_core.scale.ray_rollout import RolloutConfig, run_on_ray

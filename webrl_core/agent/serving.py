@@ -45,6 +45,7 @@ from typing import Any, Iterator
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.config import SERVING_COMMANDS
 from webrl_core.agent.policy import served_model_card
+from webrl_core.learn.model_folder import kv_width
 from webrl_core.learn.models import resolve_device, torch_dtype
 
 GUARD_SOURCE = """
@@ -94,16 +95,13 @@ def cpu_kv_cache_gib(model_dir: str | Path, max_length: int, sequences: int, dty
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ServingError(f"{path}: cannot read the model config to size vLLM's CPU KV cache: {e}") from None
-    cfg = cfg.get("text_config", cfg)  # a multimodal checkpoint keeps its decoder's shape there
     try:
-        heads = int(cfg["num_attention_heads"])
-        kv_heads = int(cfg.get("num_key_value_heads") or heads)
-        head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
-        layers = int(cfg["num_hidden_layers"])
+        width = kv_width(cfg)
+        layers = int((cfg.get("text_config") or cfg)["num_hidden_layers"])
     except (KeyError, TypeError, ValueError) as e:
         raise ServingError(f"{path}: no {e} to size vLLM's CPU KV cache; set serving.env "
                            f"VLLM_CPU_KVCACHE_SPACE (GiB) yourself") from None
-    total = 2 * layers * kv_heads * head_dim * torch_dtype(dtype).itemsize * max_length * sequences
+    total = 2 * layers * width * torch_dtype(dtype).itemsize * max_length * sequences
     return max(1, math.ceil(total / 2**30))
 
 

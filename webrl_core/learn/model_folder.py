@@ -158,3 +158,13 @@ def _not_a_causal_lm(cfg: dict, model_type: str, tables: dict) -> str:
     return ""
 
 
+
+
+def kv_width(config: dict) -> int:
+    """Keys (or values) per token per layer of a decoder config (``config.json`` as a dict; a multimodal one's
+    ``text_config``): ``num_key_value_heads`` (grouped-query attention; all heads when unset) x ``head_dim`` (when
+    unset, ``hidden_size / num_attention_heads``). A missing field raises KeyError naming it."""
+    config = config.get("text_config") or config
+    heads = int(config["num_attention_heads"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    return kv_heads * int(config.get("head_dim") or int(config["hidden_size"]) // heads)

@@ -14,7 +14,7 @@ from webrl_core.scale import launch
 from webrl_core.artifacts import ArtifactRef
 from webrl_core.learn.critic import Critic
 from webrl_core.learn.sft_augment import sft_passes
-from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.orm import OrmScorer, evaluate_orm, orm_examples_from_episodes, split_examples
 from webrl_core.pipeline.experience import numeric
 from webrl_core.pipeline.stage import stage

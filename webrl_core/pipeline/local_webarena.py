@@ -67,7 +67,7 @@ def prepare_local_inputs(out_dir: str | Path, urls: dict[str, str], *, demo_task
                          data_seed: int = 0, seed: int = 0, auth_dir: str = ".auth") -> dict[str, str]:
     """Write the inputs listed in the module docstring into ``out_dir``; returns their paths by config field."""
     from webrl_core.config import EnvConfig
-    from webrl_core.learn.models import build_embedded_model, train_embedded_tokenizer
+    from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
     from webrl_core.prompts import build_orm_prompt
     from webrl_core.sites.tasks import test_set, train_tasks
 

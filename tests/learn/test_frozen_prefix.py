@@ -113,6 +113,26 @@ def test_the_critic_and_the_actor_share_the_pretrained_bottom_layers(folder, tmp
     assert FP.attach(changed, settings.models).fingerprint != a.fingerprint
 
 
+def test_the_replays_prompt_and_action_rows_serve_the_critics_values_of_their_prompts(folder, tmp_path):
+    """1/PPL over prompt + action keeps each prompt's states under its own key; the critic's values of those prompts
+    then run the top layers only, and equal the uncached values."""
+    from webrl_core.learn.replay import inverse_perplexity
+
+    settings = _settings()
+    actor = load_causal_lm(folder, settings.models)
+    critic = Critic.from_backbone(folder, 0.05, 256, device="cpu").for_training(settings.models)
+    FP.attach(actor, settings.models), FP.attach(critic.backbone, settings.models)
+    prompts = [build_prompt(f"open item {i}", [], f"<button id={i}>Open {i}</button>" * (1 + i)) for i in range(3)]
+    pairs = [(p, f'do(action="Click", element="{i}")') for i, p in enumerate(prompts)]
+    uncached = critic.values(prompts, batch_size=2)[0]
+    FP.clear()
+    inverse_perplexity(actor, critic.tokenizer, pairs, 256, batch_size=2)  # one checkpoint, one tokenizer
+    assert FP.stats()["misses"] == 3 and FP.stats()["hits"] == 0
+    values = critic.values(prompts, batch_size=2)[0]
+    assert FP.stats()["hits"] == 3 and FP.stats()["misses"] == 3  # every prompt from the replay's rows
+    assert torch.allclose(values, uncached, atol=1e-5)
+
+
 def test_not_attached_where_the_bottom_layers_train_or_the_cache_is_off(folder, monkeypatch):
     everything = load_config(sets=["models.device=cpu", "models.dtype=float32"])
     assert FP.attach(load_causal_lm(folder, everything.models, trainable=True), everything.models) is None

@@ -15,6 +15,11 @@ same prompts for the actor; the reference log-probs, then the actor's epoch over
 later passes cost, per token, ``2 N_top`` FLOPs instead of ``2 N`` forward, ``6 N_top`` instead of ``2 N + 4 N_top``
 with a backward (N the decoder's parameters, N_top the top n layers').
 
+A pass over prompt + action rows that knows where each prompt ends (``prompt_lengths``: the replay's 1/PPL) also
+keeps each prompt's own key, pointing at the first rows of the same states (causal attention: the prompt's
+positions do not see the action), so a later pass over the prompt alone -- the critic's values of the replayed
+steps' observations -- finds it.
+
 The results equal the uncached pass up to floating-point rounding (a row's bottom layers ran in another batch, with
 other padding). Kept per process in memory, least recently used first out, up to ``WEBRL_FROZEN_CACHE_MB``
 (default 2048; 0 turns it off). Only decoders whose forward takes ``inputs_embeds`` as the first layer's input
@@ -166,16 +171,20 @@ _SWAP = threading.Lock()
 
 
 def hidden_states(decoder, prefix: FrozenPrefix, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  position_ids: torch.Tensor) -> torch.Tensor:
+                  position_ids: torch.Tensor, prompt_lengths: list[int] | None = None) -> torch.Tensor:
     """The decoder's final hidden states [B, T, H] (after its norm), the bottom layers' from the cache where a row
-    is kept: rows met before run the top layers only; the others run whole and are kept."""
+    is kept: rows met before run the top layers only; the others run whole and are kept. ``prompt_lengths``: the
+    real tokens of each row's prompt, whose states are then kept under the prompt's own key too (a view of the
+    row's: its bytes count against the budget, its memory is the row's)."""
     device_type = input_ids.device.type
     tag = repr((prefix.fingerprint, str(decoder.embed_tokens.weight.dtype), torch.is_autocast_enabled(device_type),
                 str(torch.get_autocast_dtype(device_type)))).encode()
     real = attention_mask.bool()
     ids_cpu, real_cpu = input_ids.cpu(), real.cpu()
-    keys = [hashlib.blake2b(tag + ids_cpu[b][real_cpu[b]].numpy().tobytes(), digest_size=20).digest()
-            for b in range(input_ids.shape[0])]
+    def key(ids) -> bytes:
+        return hashlib.blake2b(tag + ids.numpy().tobytes(), digest_size=20).digest()
+
+    keys = [key(ids_cpu[b][real_cpu[b]]) for b in range(input_ids.shape[0])]
     kept = [STORE.get(k) for k in keys]
     miss = [b for b, t in enumerate(kept) if t is None]
     hit = [b for b, t in enumerate(kept) if t is not None]
@@ -187,7 +196,8 @@ def hidden_states(decoder, prefix: FrozenPrefix, input_ids: torch.Tensor, attent
         middle = out.hidden_states[prefix.n_frozen]  # [0] is the embedding, [i] layer i's output
         budget = budget_bytes()
         for j, b in enumerate(miss):
-            STORE.put(keys[b], middle[j][real[b]].detach().clone(), budget)
+            kept[b] = middle[j][real[b]].detach().clone()
+            STORE.put(keys[b], kept[b], budget)
         parts.append(out.last_hidden_state)
         order += miss
     if hit:
@@ -206,6 +216,9 @@ def hidden_states(decoder, prefix: FrozenPrefix, input_ids: torch.Tensor, attent
                 decoder.layers = layers
         parts.append(out.last_hidden_state)
         order += hit
+    for b, n in enumerate(prompt_lengths or []):
+        if 0 < n < len(kept[b]):
+            STORE.put(key(ids_cpu[b][real_cpu[b]][:n]), kept[b][:n], budget_bytes())
     result = torch.cat(parts) if len(parts) > 1 else parts[0]
     if order != sorted(order):
         result = result[torch.argsort(torch.tensor(order, device=result.device))]

@@ -361,16 +361,18 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def last_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       prompt_lengths: list[int] | None = None) -> torch.Tensor:
     """Final-layer hidden states [B, T, H] of the backbone (no LM head, no vocabulary-sized tensor); the frozen
-    bottom layers' from ``frozen_prefix``'s cache where one is attached. ``model``: a causal LM or a bare
-    decoder (the critic's backbone)."""
+    bottom layers' from ``frozen_prefix``'s cache where one is attached (``prompt_lengths``: where each row's
+    prompt ends, kept apart for a later pass over the prompts alone). ``model``: a causal LM or a bare decoder
+    (the critic's backbone)."""
     decoder = frozen_prefix.decoder_of(model)
     backbone = decoder if decoder is not None else backbone_and_hidden_size(model)[0]
     positions = position_ids_from_mask(attention_mask)
     prefix = frozen_prefix.attached(backbone)
     if prefix is not None:
-        return frozen_prefix.hidden_states(backbone, prefix, input_ids, attention_mask, positions)
+        return frozen_prefix.hidden_states(backbone, prefix, input_ids, attention_mask, positions, prompt_lengths)
     out = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=False)
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
 

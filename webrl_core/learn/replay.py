@@ -60,7 +60,8 @@ def inverse_perplexity(model, tok, pairs: Sequence[tuple[str, str]], max_length:
         n_act = [sum(encoded[i]["action_mask"]) for i in chunk]
         ids, mask = left_pad(seqs, tok.pad_token_id)
         ids, mask = ids.to(device), mask.to(device)
-        hidden = last_hidden_states(model, ids, mask)
+        # the prompts' states are kept apart too: the critic's values of these observations come next
+        hidden = last_hidden_states(model, ids, mask, [len(s) - n for s, n in zip(seqs, n_act)])
         width = ids.shape[1]
         # position t predicts token t+1; row r's action tokens are its last n_act[r] columns
         rows = torch.cat([torch.full((n,), r, dtype=torch.long) for r, n in enumerate(n_act)]).to(device)

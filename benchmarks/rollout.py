@@ -424,10 +424,11 @@ def bench_model_rollout(model: str, settings, n_envs_list: list[int] = (4,), epi
             endpoint = stack.enter_context(served_actor(settings, ref, run_dir))
             startup_s = time.perf_counter() - t0
         policy = make_policy(settings, ref, settings.policy.temperature, "rollout", endpoint)
+        prompt_compat = prompt_format(settings)
         limit = _PolicyLimit(str(model), settings, policy)
         for n in n_envs_list:
             row = asyncio.run(_measure(tasks, policy, sites, n, episodes, settings.env, keep_prompts=True,
-                                       prompt_compat=prompt_format(settings)))
+                                       prompt_compat=prompt_compat))
             prompts = row["prompts"] if keep_prompts else row.pop("prompts")
             calls = []
             t0 = time.perf_counter()

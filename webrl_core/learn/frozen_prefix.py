@@ -185,6 +185,7 @@ def hidden_states(decoder, prefix: FrozenPrefix, input_ids: torch.Tensor, attent
         return hashlib.blake2b(tag + ids.numpy().tobytes(), digest_size=20).digest()
 
     keys = [key(ids_cpu[b][real_cpu[b]]) for b in range(input_ids.shape[0])]
+    budget = budget_bytes()
     kept = [STORE.get(k) for k in keys]
     miss = [b for b, t in enumerate(kept) if t is None]
     hit = [b for b, t in enumerate(kept) if t is not None]
@@ -194,7 +195,6 @@ def hidden_states(decoder, prefix: FrozenPrefix, input_ids: torch.Tensor, attent
         out = decoder(input_ids=input_ids[rows], attention_mask=attention_mask[rows], position_ids=position_ids[rows],
                       use_cache=False, output_hidden_states=True)
         middle = out.hidden_states[prefix.n_frozen]  # [0] is the embedding, [i] layer i's output
-        budget = budget_bytes()
         for j, b in enumerate(miss):
             kept[b] = middle[j][real[b]].detach().clone()
             STORE.put(keys[b], kept[b], budget)
@@ -218,7 +218,7 @@ def hidden_states(decoder, prefix: FrozenPrefix, input_ids: torch.Tensor, attent
         order += hit
     for b, n in enumerate(prompt_lengths or []):
         if 0 < n < len(kept[b]):
-            STORE.put(key(ids_cpu[b][real_cpu[b]][:n]), kept[b][:n], budget_bytes())
+            STORE.put(key(ids_cpu[b][real_cpu[b]][:n]), kept[b][:n], budget)
     result = torch.cat(parts) if len(parts) > 1 else parts[0]
     if order != sorted(order):
         result = result[torch.argsort(torch.tensor(order, device=result.device))]

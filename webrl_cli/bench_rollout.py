@@ -45,8 +45,8 @@ def register(app: typer.Typer) -> None:
         model: str | None = typer.Option(None, help="HF causal-LM folder or short name (smollm2-135m-instruct) as the "
                                          "policy on the embedded sites' test tasks (the evaluation's stratified "
                                          "eval.max_tasks); prints env steps/s and the "
-                                         "policy alone on the same prompts (default n_envs 4, 8 episodes, config "
-                                         "demo)"),
+                                         "policy alone on the same prompts (default: the config's env.n_envs, 8 "
+                                         "episodes, config demo)"),
         config: str | None = typer.Option(None, "--config", "-c", help="config file for the env section"),
         set_: list[str] = typer.Option([], "--set", help="section.key=value overrides"),
     ) -> None:
@@ -57,7 +57,8 @@ def register(app: typer.Typer) -> None:
         from webrl_core.config_loader import load_config
 
         if model:
-            _bench_model(Console(), model, config or "demo", set_, _ints(n_envs or "4", "--n-envs"), episodes or 8)
+            _bench_model(Console(), model, config or "demo", set_, _ints(n_envs, "--n-envs") if n_envs else None,
+                         episodes or 8)
             return
         settings = load_config(config, sets=set_ or ())
         cfg = settings.env
@@ -106,12 +107,13 @@ def _table(title: str, cols: list[tuple[str, str, str]], rows: list[dict]):
     return table
 
 
-def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int], episodes: int) -> None:
+def _bench_model(console, model: str, config: str, sets: list[str], ns: list[int] | None, episodes: int) -> None:
     from benchmarks.rollout import bench_model_rollout
     from webrl_core.config_loader import load_config
     from webrl_core.hardware import cpu_summary
 
     settings = load_config(config, sets=[f"models.actor={model}", *sets])
+    ns = ns or [settings.env.n_envs]  # the browsers a rollout stage of this config runs
     m = settings.models
     engine = settings.serving.engine if settings.policy.backend == "openai" else "in-process HF"
     console.print(cpu_summary())

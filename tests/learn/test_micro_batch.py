@@ -5,6 +5,7 @@ the chosen micro-batch and kernel set by hand."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 import torch
@@ -43,6 +44,15 @@ def test_candidates_are_divisors_with_enough_items():
     assert micro_batch.candidates(8, 3) == [1, 2]  # 4 would need 4 items in each round
     assert micro_batch.candidates(6, 100) == [1, 2, 3, 6]
     assert micro_batch.candidates(1, 1) == [1]
+
+
+def test_a_round_passes_over_one_length_grouped_steps_items():
+    rows = [{"input_ids": [0] * n} for n in random.Random(0).sample(range(10, 2010), 1000)]
+    draws = [[len(r["input_ids"]) for r in micro_batch.sampler_draw(rows, 4, 8, seed)] for seed in range(6)]
+    for lengths in draws:  # one step of the length-grouped sampler: about one length (a random 4: ~1,000 apart)
+        assert len(lengths) == 4 and lengths == sorted(lengths) and lengths[-1] - lengths[0] <= 100, draws
+    assert len({tuple(d) for d in draws}) == len(draws)  # each round its own step
+    assert micro_batch.sampler_draw(rows, 4, 8, 3) == micro_batch.sampler_draw(rows, 4, 8, 3)  # seeded
 
 
 def test_auto_measures_both_kernels_and_a_named_kernel_is_loaded_and_kept(tiny):

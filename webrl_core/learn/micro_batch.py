@@ -14,9 +14,9 @@ So where a stage trains on a CPU and ``actor.micro_batch_size`` / ``critic.micro
 the kernel ``auto``: then only the kernels are candidates), ``calibrate`` times each candidate (``m``, kernel) on
 the stage's own data with the stage's own ``Trainer.training_step`` (forward, loss and backward under its autocast;
 no optimizer step, gradients cleared, the RNG state restored, so the training that follows is the one an
-uncalibrated run would do). The candidates are interleaved: round r draws ``max m`` items by a seeded sample, sorted
-by length as the length-grouped sampler groups them, and every candidate passes over those same items in passes of
-its ``m``; round 0 is the warm-up (kernel selection, allocations), then ``REPS`` timed rounds (a candidate more than
+uncalibrated run would do). The candidates are interleaved: round r draws ``max m`` items of one optimizer step as
+the stage's length-grouped sampler forms it (seeded; ``sampler_draw``), and every candidate passes over those same
+items in passes of its ``m``; round 0 is the warm-up (kernel selection, allocations), then ``REPS`` timed rounds (a candidate more than
 ``PRUNE`` slower than a round's best leaves the rounds after it). A box whose speed drifts from minute to minute (a
 shared VM: 2-4x seen on the AMX Xeon) then shifts every candidate of a round alike instead of favouring whichever
 ran in a fast minute. A candidate's rate is its median over the rounds, in trained tokens per second; the fastest
@@ -150,13 +150,30 @@ def _training_rounds(ms: list[int], ks: list[str | None], n_rows: int) -> tuple[
     return [(m, k) for k in ks for m in ms], min(max(ms), n_rows)
 
 
-def measure(trainer, rows: list[dict], ms: list[int], ks: list[str | None]) -> dict[tuple[int, str | None], float]:
+def sampler_draw(rows: list[dict], size: int, batch_size: int, seed: int) -> list[dict]:
+    """``size`` items as the training stage's sampler puts them in one optimizer step: transformers'
+    ``get_length_grouped_indices`` (``train_sampling_strategy="group_by_length"``, ``trainer_utils._trainer_args``)
+    sorts random mega-batches of up to 50 steps by length, so a step's ``batch_size`` items have about one length;
+    of a step drawn at random (seeded), its first ``size``. A plain random sample pads every pass of ``m > 1`` to
+    its longest item, padding the training never runs: on the demo's SFT data (SmolLM2, bf16) micro-batch 4 measured
+    715 trained tokens/s on random draws and 1,122 on sampler steps (docs/benchmarks.md)."""
+    from transformers.trainer_pt_utils import get_length_grouped_indices
+
+    lengths = [len(r["input_ids"]) for r in rows]
+    order = get_length_grouped_indices(lengths, batch_size, generator=torch.Generator().manual_seed(seed))
+    steps = max(1, len(order) // batch_size)
+    start = random.Random(seed).randrange(steps) * batch_size
+    return sorted((rows[i] for i in order[start:start + size]), key=lambda x: len(x["input_ids"]))
+
+
+def measure(trainer, rows: list[dict], ms: list[int], ks: list[str | None],
+            batch_size: int | None = None) -> dict[tuple[int, str | None], float]:
     """Median trained tokens/s of every (m, kernel) over ``REPS`` interleaved rounds after a warm-up pass each
-    (module docstring)."""
+    (module docstring); each round's items one optimizer step's of ``batch_size`` (``sampler_draw``)."""
     if not hasattr(trainer, "current_gradient_accumulation_steps"):  # set by the training loop, read by the step
         trainer.current_gradient_accumulation_steps = 1
     cands, size = _training_rounds(ms, ks, len(rows))
-    draws = [sorted(random.Random(r).sample(rows, size), key=lambda x: len(x["input_ids"])) for r in range(REPS + 1)]
+    draws = [sampler_draw(rows, size, max(size, batch_size or size), r) for r in range(REPS + 1)]
     return round_robin(cands, draws, lambda items, c: _passes(trainer, items, *c), prune=True)
 
 
@@ -189,7 +206,7 @@ def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_sett
     micro, kernel = ms[0], ks[0]
     if len(ms) * len(ks) > 1:
         key = _key(trainer.model, stage, [len(r["input_ids"]) for r in rows], trainer.args.bf16, batch_size,
-                   kernel_setting)
+                   kernel_setting, "sampler_draw")  # measured on random samples before: measured again
         entry = read_kept(cache_file()).get(key)
         if entry is not None and entry.get("micro") in ms and entry.get("attention") in ks:  # kept
             micro, kernel = entry["micro"], entry["attention"]
@@ -199,7 +216,7 @@ def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_sett
                   f"items, measuring pays from {need}", flush=True)
         else:
             with torch.random.fork_rng(devices=[]):  # the training that follows draws what it would have drawn
-                rates = measure(trainer, rows, ms, ks)
+                rates = measure(trainer, rows, ms, ks, batch_size * grad_accum)
             best = max(rates.values())
             micro, kernel = min((c for c, r in rates.items() if r >= (1 - TIE) * best),
                                 key=lambda c: (c[0], ks.index(c[1])))

@@ -292,10 +292,11 @@ class PolicyConfig(Section):
     max_new_tokens: int = Field(128, ge=1, description="tokens generated per action")
     batch_size: int = Field(16, ge=1, description="prompts per generate() call in-process")
     decode_matmul: Literal["auto", "linear"] = Field(
-        "auto", description="in-process model on a CPU. auto: each weight shape's decode-step product at each row "
-        "count up to batch_size as x W^T or (W x^T)^T, whichever this box ran faster, measured once per CPU "
-        "(agent/decode_linear.py; on the AVX2 EPYC the LM head at 4 rows 21 -> 8 ms, docs/benchmarks.md); linear: "
-        "torch's linear throughout")
+        "auto", description="in-process model on a CPU. auto: each weight shape's product at each row count up to "
+        "batch_size, and at a prefill's, as x W^T, (W x^T)^T or oneDNN's packed weight, whichever this box ran "
+        "fastest, measured once per CPU (agent/decode_linear.py; on the AVX2 EPYC the LM head at 4 rows 21 -> 8 ms, "
+        "on the AVX512-BF16 EPYC the decoder's products 12 -> 8 ms a step, docs/benchmarks.md); linear: torch's "
+        "linear throughout")
     concurrency: int = Field(16, ge=1, description="concurrent requests to an OpenAI-compatible server")
     name_grounding: Literal["off", "phases", "all"] = Field(
         "off", description="ours (agent/grounding.py): when a response's '# Element: NAME' line names exactly one "

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from webrl_core.agent import decode_linear
-from webrl_core.agent.decode_linear import WeightsFirstLinear
+from webrl_core.agent.decode_linear import DecodeLinear
 from webrl_core.agent.policy import HFPolicy
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, PolicyConfig
 from webrl_core.learn import micro_batch
@@ -22,20 +22,32 @@ def measuring(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", ["weights_first", "packed"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_weights_first_linear_is_the_linear_at_any_rows(bias):
+def test_decode_linear_is_the_linear_at_any_rows(bias, form, dtype):
     torch.manual_seed(0)
-    lin = torch.nn.Linear(24, 40, bias=bias)
+    lin = torch.nn.Linear(24, 40, bias=bias).to(dtype)
     ref = {k: v.clone() for k, v in lin.state_dict().items()}
-    x = torch.randn(3, 5, 24)
+    x = torch.randn(3, 5, 24, dtype=dtype)
     expected = {rows: lin(x[:, :rows]) for rows in (1, 2, 5)}
-    lin.__class__, lin.weights_first_rows = WeightsFirstLinear, frozenset({3, 6})  # 3x1 and 3x2, not 3x5
-    for rows, want in expected.items():
-        got = lin(x[:, :rows])
-        assert got.shape == want.shape and got.is_contiguous()
-        torch.testing.assert_close(got, want)
-    assert lin(torch.randn(24)).shape == (40,)  # a 1-D input: F.linear
-    assert {k: v for k, v in lin.state_dict().items()}.keys() == ref.keys()
+    packed = decode_linear.packed_weight(lin.weight, 4)
+    if form == "packed" and packed is None:
+        pytest.skip(f"no oneDNN packed linear for {dtype} in this torch build")
+    lin.__class__ = DecodeLinear  # 3x1 and 3x2 in the form, 3x5 above max_rows=4 in it too, 4 rows linear
+    lin.row_forms, lin.above, lin.max_rows, lin.packed = {3: form, 6: form}, form, 6, packed
+    used = []
+    real_mm = torch.mm
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "mm", lambda *a: used.append("mm") or real_mm(*a))
+        for rows, want in expected.items():
+            got = lin(x[:, :rows])
+            assert got.shape == want.shape and got.is_contiguous()
+            tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
+            torch.testing.assert_close(got, want, **tol)
+    assert used == (["mm"] * 3 if form == "weights_first" else [])  # every count in the form (15 rows: above)
+    assert lin(torch.randn(24, dtype=dtype)).shape == (40,)  # a 1-D input: F.linear
+    assert {k: v for k, v in lin.state_dict().items()}.keys() == ref.keys()  # the packed copy is not state
 
 
 def _linear_model():
@@ -43,27 +55,54 @@ def _linear_model():
                                torch.nn.Linear(16, 64))
 
 
+def _times(linear, weights_first, packed=None):
+    return {"linear": linear, "weights_first": weights_first} | ({} if packed is None else {"packed": packed})
+
+
 def test_apply_swaps_the_shapes_measured_faster_and_keeps_the_choice(measuring, monkeypatch):
     # a BLAS on which only the 16 -> 64 shape runs faster weights-first (the timings come from this stand-in)
     timed: list[tuple[tuple[int, ...], int]] = []
 
-    def fake_times(weight, rows):
+    def fake_times(weight, rows, packed):
         timed.append((tuple(weight.shape), rows))
-        return (2.0, 1.0) if tuple(weight.shape) == (64, 16) else (1.0, 1.0)
+        return _times(2.0, 1.0) if tuple(weight.shape) == (64, 16) else _times(1.0, 1.0)
 
     monkeypatch.setattr(decode_linear, "_time_forms", fake_times)
     model = _linear_model()
     assert decode_linear.apply(model, 4) == 2
-    assert [type(m) for m in model] == [WeightsFirstLinear, torch.nn.ReLU, torch.nn.Linear, WeightsFirstLinear]
-    assert model[0].weights_first_rows == {1, 2, 3, 4}
-    assert sorted(timed) == [((16, 64), r) for r in (1, 2, 4)] + [((64, 16), r) for r in (1, 2, 4)]  # each once
+    assert [type(m) for m in model] == [DecodeLinear, torch.nn.ReLU, torch.nn.Linear, DecodeLinear]
+    assert model[0].row_forms == dict.fromkeys((1, 2, 3, 4), "weights_first") and model[0].above == "weights_first"
+    counts = (1, 2, 4, decode_linear.PREFILL_ROWS)
+    assert sorted(timed) == [((16, 64), r) for r in counts] + [((64, 16), r) for r in counts]  # each once
     kept = json.loads(decode_linear.cache_file().read_text())
-    assert sorted((e["shape"], e["rows"], e["weights_first"]) for e in kept.values()) == \
-        [([16, 64], r, False) for r in (1, 2, 4)] + [([64, 16], r, True) for r in (1, 2, 4)]
+    assert sorted((e["shape"], e["rows"], e["form"]) for e in kept.values()) == \
+        [([16, 64], r, "linear") for r in counts] + [([64, 16], r, "weights_first") for r in counts]
     timed.clear()
     again = _linear_model()
     assert decode_linear.apply(again, 4) == 2 and timed == []  # kept for this box: not measured again
     assert decode_linear.apply(_linear_model(), 6) == 2 and sorted(timed) == [((16, 64), 6), ((64, 16), 6)]
+
+
+def test_a_packed_win_runs_the_packed_copy_and_a_tie_keeps_linear(measuring, monkeypatch):
+    if decode_linear.packed_weight(torch.nn.Linear(16, 64).weight, 4) is None:
+        pytest.skip("no oneDNN packed linear in this torch build")
+    # packed wins at the decode's rows, ties at a prefill's (within TIE): those rows keep F.linear
+    monkeypatch.setattr(decode_linear, "_time_forms", lambda w, rows, packed: _times(
+        1.0, 1.5, 0.5 if rows <= 4 else 0.95))
+    model = _linear_model()
+    assert decode_linear.apply(model, 4) == 3
+    lin = model[0]
+    assert lin.row_forms == dict.fromkeys((1, 2, 3, 4), "packed") and lin.above == "linear"
+    assert lin.packed is not None and "packed" not in str(lin.state_dict().keys())
+    calls = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a))
+    x = torch.randn(300, 16)
+    for rows, packed in ((1, True), (4, True), (300, False)):
+        calls.clear()
+        torch.testing.assert_close(lin(x[:rows]), torch.nn.functional.linear(x[:rows], lin.weight, lin.bias),
+                                   atol=1e-4, rtol=1e-4)
+        assert bool(calls) == packed, rows
 
 
 @pytest.mark.parametrize("max_rows,want", [(1, []), (2, [2]), (6, [2, 4, 6]), (8, [2, 4, 8])])
@@ -73,10 +112,11 @@ def test_measured_rows(max_rows, want):
 
 def test_each_row_count_goes_by_its_own_measurement(measuring, monkeypatch):
     # weights-first loses at 1 and at 8 rows, wins at 2 and 4: rows 2-4 take it, 5-8 and 1 keep F.linear
-    monkeypatch.setattr(decode_linear, "_time_forms", lambda w, rows: (2.0, 1.0) if rows in (2, 4) else (1.0, 3.0))
+    monkeypatch.setattr(decode_linear, "_time_forms",
+                        lambda w, rows, packed: _times(2.0, 1.0) if rows in (2, 4) else _times(1.0, 3.0))
     model = _linear_model()
     assert decode_linear.apply(model, 8) == 3
-    assert model[0].weights_first_rows == {2, 3, 4}
+    assert model[0].row_forms == dict.fromkeys((2, 3, 4), "weights_first") and model[0].above == "linear"
     calls = []
     monkeypatch.setattr(torch, "mm", lambda *a, real=torch.mm: calls.append(1) or real(*a))
     x = torch.randn(8, 16)
@@ -103,18 +143,19 @@ def test_policy_measures_here_and_generates_as_with_linear(measuring, tmp_path, 
     model_dir = build_embedded_model(tmp_path / "tok", cfg, tmp_path / "model", seed=0)
     plain = HFPolicy(model_dir, PolicyConfig(max_new_tokens=12, batch_size=4, decode_matmul="linear"),
                      ModelsConfig(max_length=256), temperature=0)
-    assert not any(isinstance(m, WeightsFirstLinear) for m in plain.model.modules())
+    assert not any(isinstance(m, DecodeLinear) for m in plain.model.modules())
     assert not decode_linear.cache_file().exists()  # decode_matmul: linear measures nothing
-    # both forms forced in turn: the policy writes the same either way
-    for winner in ((2.0, 1.0), (1.0, 2.0)):
-        monkeypatch.setattr(decode_linear, "cache_file", lambda w=winner: tmp_path / f"kept-{w[0]}.json")
+    # each form forced in turn: the policy writes the same either way
+    for name, winner in (("weights_first", _times(2.0, 1.0, 3.0)), ("packed", _times(2.0, 3.0, 1.0)),
+                         ("linear", _times(1.0, 2.0, 2.0))):
+        monkeypatch.setattr(decode_linear, "cache_file", lambda n=name: tmp_path / f"kept-{n}.json")
         real = decode_linear._time_forms
-        monkeypatch.setattr(decode_linear, "_time_forms", lambda w, rows, t=winner: t)
+        monkeypatch.setattr(decode_linear, "_time_forms", lambda w, rows, packed, t=winner: t)
         pol = HFPolicy(model_dir, PolicyConfig(max_new_tokens=12, batch_size=4), ModelsConfig(max_length=256),
                        temperature=0)
-        swapped = any(isinstance(m, WeightsFirstLinear) for m in pol.model.modules())
-        assert swapped == (winner == (2.0, 1.0))
-        assert pol.generate(prompts) == plain.generate(prompts)
+        forms = {f for m in pol.model.modules() if isinstance(m, DecodeLinear) for f in m.row_forms.values()}
+        assert forms == ({name} if name != "linear" else set()), name
+        assert pol.generate(prompts) == plain.generate(prompts), name
         monkeypatch.setattr(decode_linear, "_time_forms", real)
     # the real timing runs and keeps one entry per distinct weight shape
     monkeypatch.setattr(decode_linear, "cache_file", lambda: tmp_path / "real.json")
@@ -123,5 +164,6 @@ def test_policy_measures_here_and_generates_as_with_linear(measuring, tmp_path, 
     shapes = {tuple(m.weight.shape) for m in pol.model.modules() if isinstance(m, torch.nn.Linear)}
     kept = json.loads((tmp_path / "real.json").read_text())
     assert {tuple(e["shape"]) for e in kept.values()} == shapes
-    assert all(e["us"]["linear"] > 0 and e["us"]["weights_first"] > 0 for e in kept.values())
+    assert all(e["us"]["linear"] > 0 and e["us"]["weights_first"] > 0 and e["form"] in decode_linear.FORMS
+               for e in kept.values())
     assert pol.generate(prompts) == plain.generate(prompts)

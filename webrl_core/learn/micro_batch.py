@@ -16,15 +16,15 @@ the stage's own data with the stage's own ``Trainer.training_step`` (forward, lo
 no optimizer step, gradients cleared, the RNG state restored, so the training that follows is the one an
 uncalibrated run would do). The candidates are interleaved: round r draws ``max m`` items of one optimizer step as
 the stage's length-grouped sampler forms it (seeded; ``sampler_draw``), and every candidate passes over those same
-items in passes of its ``m``; round 0 is the warm-up (kernel selection, allocations), then ``REPS`` timed rounds (a candidate more than
-``PRUNE`` slower than a round's best leaves the rounds after it). A box whose speed drifts from minute to minute (a
-shared VM: 2-4x seen on the AMX Xeon) then shifts every candidate of a round alike instead of favouring whichever
-ran in a fast minute. A candidate's rate is its median over the rounds, in trained tokens per second; the fastest
-wins, and ties within ``TIE`` go to the smaller ``m`` (less memory, less padding) and then to the default kernel.
-The choice is kept in ``~/.cache/webrl/micro-batch.json`` per CPU, threads, stage, model shape, dtype, trained
-parameters, batch size, length bucket and kernel setting, so a box measures each shape once. A stage that would
-pass over fewer than ``PAYS`` times the items measuring takes (a small phase's critic, a small ORM: measuring would
-cost about what the stage does) is not measured and trains at the default shape, unless one is kept.
+items in passes of its ``m``; round 0 is the warm-up (kernel selection, allocations), then ``REPS`` timed rounds (a
+candidate more than ``PRUNE`` slower than a round's best leaves the rounds after it). A box whose speed drifts from
+minute to minute (a shared VM: 2-4x seen on the AMX Xeon) then shifts every candidate of a round alike instead of
+favouring whichever ran in a fast minute. A candidate's rate is its median over the rounds, in trained tokens per
+second; the fastest wins, and ties within ``TIE`` go to the smaller ``m`` (less memory, less padding) and then to
+the default kernel. The choice is kept in ``~/.cache/webrl/micro-batch.json`` per CPU, threads, stage, model shape,
+dtype, trained parameters, batch size, length bucket and kernel setting, so a box measures each shape once. A stage
+that would pass over fewer than ``PAYS`` times the items measuring takes (a small phase's critic, a small ORM:
+measuring would cost about what the stage does) is not measured and trains at the default shape, unless one is kept.
 
 ``WEBRL_CALIBRATE=0`` keeps the fixed CPU default (micro-batch 1, the loaded kernel), as the test suite does for its
 exact comparisons.

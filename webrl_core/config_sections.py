@@ -293,7 +293,7 @@ class PolicyConfig(Section):
     batch_size: int = Field(16, ge=1, description="prompts per generate() call in-process")
     decode_matmul: Literal["auto", "linear"] = Field(
         "auto", description="in-process model on a CPU. auto: each weight shape's product at each row count up to "
-        "batch_size, and at a prefill's, as x W^T, (W x^T)^T or oneDNN's packed weight, whichever this box ran "
+        "batch_size as x W^T, (W x^T)^T or on oneDNN's packed weight, whichever this box ran "
         "fastest, measured once per CPU (agent/decode_linear.py; on the AVX2 EPYC the LM head at 4 rows 21 -> 8 ms, "
         "on the AVX512-BF16 EPYC the decoder's products 12 -> 8 ms a step, docs/benchmarks.md); linear: torch's "
         "linear throughout")

@@ -34,8 +34,8 @@ def test_decode_linear_is_the_linear_at_any_rows(bias, form, dtype):
     packed = decode_linear.packed_weight(lin.weight, 4)
     if form == "packed" and packed is None:
         pytest.skip(f"no oneDNN packed linear for {dtype} in this torch build")
-    lin.__class__ = DecodeLinear  # 3x1 and 3x2 in the form, 3x5 above max_rows=4 in it too, 4 rows linear
-    lin.row_forms, lin.above, lin.max_rows, lin.packed = {3: form, 6: form}, form, 6, packed
+    lin.__class__ = DecodeLinear  # 3x1 and 3x2 in the form, 3x5 linear
+    lin.row_forms, lin.packed = {3: form, 6: form}, packed
     used = []
     real_mm = torch.mm
     with pytest.MonkeyPatch.context() as mp:
@@ -45,7 +45,7 @@ def test_decode_linear_is_the_linear_at_any_rows(bias, form, dtype):
             assert got.shape == want.shape and got.is_contiguous()
             tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
             torch.testing.assert_close(got, want, **tol)
-    assert used == (["mm"] * 3 if form == "weights_first" else [])  # every count in the form (15 rows: above)
+    assert used == (["mm"] * 2 if form == "weights_first" else [])  # 3 and 6 rows weights-first, 15 not
     assert lin(torch.randn(24, dtype=dtype)).shape == (40,)  # a 1-D input: F.linear
     assert {k: v for k, v in lin.state_dict().items()}.keys() == ref.keys()  # the packed copy is not state
 
@@ -71,8 +71,8 @@ def test_apply_swaps_the_shapes_measured_faster_and_keeps_the_choice(measuring, 
     model = _linear_model()
     assert decode_linear.apply(model, 4) == 2
     assert [type(m) for m in model] == [DecodeLinear, torch.nn.ReLU, torch.nn.Linear, DecodeLinear]
-    assert model[0].row_forms == dict.fromkeys((1, 2, 3, 4), "weights_first") and model[0].above == "weights_first"
-    counts = (1, 2, 4, decode_linear.PREFILL_ROWS)
+    assert model[0].row_forms == dict.fromkeys((1, 2, 3, 4), "weights_first")
+    counts = (1, 2, 4)
     assert sorted(timed) == [((16, 64), r) for r in counts] + [((64, 16), r) for r in counts]  # each once
     kept = json.loads(decode_linear.cache_file().read_text())
     assert sorted((e["shape"], e["rows"], e["form"]) for e in kept.values()) == \
@@ -86,19 +86,19 @@ def test_apply_swaps_the_shapes_measured_faster_and_keeps_the_choice(measuring, 
 def test_a_packed_win_runs_the_packed_copy_and_a_tie_keeps_linear(measuring, monkeypatch):
     if decode_linear.packed_weight(torch.nn.Linear(16, 64).weight, 4) is None:
         pytest.skip("no oneDNN packed linear in this torch build")
-    # packed wins at the decode's rows, ties at a prefill's (within TIE): those rows keep F.linear
+    # packed wins at 1-2 rows, ties at 4 (within TIE): 3-4 rows keep F.linear, and so does a prefill's 300
     monkeypatch.setattr(decode_linear, "_time_forms", lambda w, rows, packed: _times(
-        1.0, 1.5, 0.5 if rows <= 4 else 0.95))
+        1.0, 1.5, 0.5 if rows <= 2 else 0.95))
     model = _linear_model()
     assert decode_linear.apply(model, 4) == 3
     lin = model[0]
-    assert lin.row_forms == dict.fromkeys((1, 2, 3, 4), "packed") and lin.above == "linear"
+    assert lin.row_forms == dict.fromkeys((1, 2), "packed")
     assert lin.packed is not None and "packed" not in str(lin.state_dict().keys())
     calls = []
     real = torch.ops.mkldnn._linear_pointwise
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or real(*a))
     x = torch.randn(300, 16)
-    for rows, packed in ((1, True), (4, True), (300, False)):
+    for rows, packed in ((1, True), (2, True), (4, False), (300, False)):
         calls.clear()
         torch.testing.assert_close(lin(x[:rows]), torch.nn.functional.linear(x[:rows], lin.weight, lin.bias),
                                    atol=1e-4, rtol=1e-4)
@@ -116,7 +116,7 @@ def test_each_row_count_goes_by_its_own_measurement(measuring, monkeypatch):
                         lambda w, rows, packed: _times(2.0, 1.0) if rows in (2, 4) else _times(1.0, 3.0))
     model = _linear_model()
     assert decode_linear.apply(model, 8) == 3
-    assert model[0].row_forms == dict.fromkeys((2, 3, 4), "weights_first") and model[0].above == "linear"
+    assert model[0].row_forms == dict.fromkeys((2, 3, 4), "weights_first")
     calls = []
     monkeypatch.setattr(torch, "mm", lambda *a, real=torch.mm: calls.append(1) or real(*a))
     x = torch.randn(8, 16)

@@ -15,10 +15,11 @@ up to float32 rounding otherwise), at speeds that depend on the box's BLAS:
 
 So ``fastest_forms`` times every available form on each distinct weight shape of the model, with that shape's own
 weight, at 1, 2, 4, ... rows up to the policy's batch size (a rollout of 4 browsers decodes 4 rows however large the
-batch may be) and at ``PREFILL_ROWS`` rows, which stands for every count above the batch (a prefill's hundreds); a
-form other than ``linear`` is taken where it is faster by more than ``TIE``. ``apply`` makes those layers
-``DecodeLinear``: the chosen form at the row counts it won (a count goes by the measurement at the next measured
-count up), ``F.linear`` at every other, the same parameters and state dict; a layer with a ``packed`` win keeps its
+batch may be); a form other than ``linear`` is taken where it is faster by more than ``TIE``. ``apply`` makes those
+layers ``DecodeLinear``: the chosen form at the row counts it won (a count goes by the measurement at the next
+measured count up), ``F.linear`` at every other (a prefill's hundreds of rows: there the forms measured within the
+box's drift of each other in bf16, and a choice made on such a measurement slowed the prefill), the same parameters
+and state dict; a layer with a ``packed`` win keeps its
 packed copy beside the weight (not in the state dict; so ``apply`` is for a model that no longer trains). Each
 measurement is kept per CPU, threads, torch version, dtype, shape and rows in ``~/.cache/webrl/decode-linear.json``,
 so a box measures each once (a few seconds for SmolLM2). ``WEBRL_CALIBRATE=0`` keeps ``F.linear``, as for the
@@ -39,7 +40,6 @@ from webrl_core.learn import micro_batch
 
 FORMS = ("linear", "weights_first", "packed")
 TIE = 0.1  # another form must beat linear by more than this share at a row count
-PREFILL_ROWS = 256  # the measured count that stands for every count above the batch
 ROUNDS = 5  # timed rounds per shape and row count (after a warm-up), all forms in each; the median counts
 ROUND_S = 0.01  # each form's calls in a round last about this long
 
@@ -61,17 +61,15 @@ def packed_weight(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
 
 class DecodeLinear(torch.nn.Linear):
     """``nn.Linear`` computing y with the form ``row_forms[rows]`` for inputs whose row count (all leading
-    dimensions together) is a key there, with ``above`` for counts over ``max_rows``, with ``F.linear`` for any
-    other. Made by ``apply`` from a loaded ``nn.Linear`` (its class is swapped, the parameters stay)."""
+    dimensions together) is a key there, with ``F.linear`` for any other. Made by ``apply`` from a loaded
+    ``nn.Linear`` (its class is swapped, the parameters stay); ``packed``: the weight's packed copy."""
 
     row_forms: dict[int, str] = {}
-    above: str = "linear"
-    max_rows: int = 0
     packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.dim() >= 2 and x.shape[-1] else 0
-        form = self.row_forms.get(rows) or (self.above if rows > self.max_rows else "linear")
+        form = self.row_forms.get(rows, "linear")
         if form == "linear":
             return F.linear(x, self.weight, self.bias)
         flat = x.reshape(rows, x.shape[-1])
@@ -132,14 +130,13 @@ def fastest(seconds: dict[str, float]) -> str:
 Shape = tuple[int, int, torch.dtype]  # (out, in, dtype) of a linear layer
 
 
-def fastest_forms(model: torch.nn.Module, max_rows: int) -> dict[Shape, tuple[dict[int, str], str]]:
+def fastest_forms(model: torch.nn.Module, max_rows: int) -> dict[Shape, dict[int, str]]:
     """For each distinct (out, in, dtype) of the model's ``nn.Linear`` layers: the form of each row count of
     1..``max_rows`` where it is not ``linear`` (measured at ``measured_rows``, or as kept for this box; a count
-    goes by the measurement at the next measured count up), and the form above ``max_rows`` (measured at
-    ``PREFILL_ROWS``)."""
+    goes by the measurement at the next measured count up)."""
     kept = micro_batch.read_kept(cache_file())
     counts = measured_rows(max_rows)
-    found: dict[Shape, tuple[dict[int, str], str]] = {}
+    found: dict[Shape, dict[int, str]] = {}
     for mod in model.modules():
         if type(mod) is not torch.nn.Linear:
             continue
@@ -148,7 +145,7 @@ def fastest_forms(model: torch.nn.Module, max_rows: int) -> dict[Shape, tuple[di
             continue
         packs: list[torch.Tensor | None] = []  # packed once, when a measurement needs it
         chosen = {}
-        for rows in counts + [PREFILL_ROWS]:
+        for rows in counts:
             key = _key(mod.weight, rows)
             if key not in kept:
                 if not packs:
@@ -165,14 +162,14 @@ def fastest_forms(model: torch.nn.Module, max_rows: int) -> dict[Shape, tuple[di
             if chosen[rows] != "linear":
                 below = max([c for c in counts if c < rows], default=0)
                 row_forms |= dict.fromkeys(range(below + 1, rows + 1), chosen[rows])
-        found[shape] = (row_forms, chosen[PREFILL_ROWS])
+        found[shape] = row_forms
     return found
 
 
 def apply(model: torch.nn.Module, max_rows: int) -> int:
     """Make the model's ``nn.Linear`` layers ``DecodeLinear`` where another form than ``linear`` runs their shape
-    faster on this CPU at some row count (module docstring). Nothing on another device or with calibration off.
-    Returns how many layers changed."""
+    faster on this CPU at some row count up to ``max_rows`` (module docstring). Nothing on another device or with
+    calibration off. Returns how many layers changed."""
     param = next(model.parameters(), None)
     if param is None or param.device.type != "cpu" or not micro_batch.enabled() or max_rows < 1:
         return 0
@@ -181,14 +178,13 @@ def apply(model: torch.nn.Module, max_rows: int) -> int:
     for mod in model.modules():
         if type(mod) is not torch.nn.Linear:
             continue
-        row_forms, above = forms[(mod.out_features, mod.in_features, mod.weight.dtype)]
-        if not row_forms and above == "linear":
-            continue
-        packed = packed_weight(mod.weight, max_rows) if "packed" in {above, *row_forms.values()} else None
-        if packed is None:  # measured packed, cannot pack now: the other forms' choice stands
+        row_forms = forms[(mod.out_features, mod.in_features, mod.weight.dtype)]
+        packed = packed_weight(mod.weight, max_rows) if "packed" in row_forms.values() else None
+        if packed is None:  # measured packed (kept), cannot pack now: the other forms' choice stands
             row_forms = {r: f for r, f in row_forms.items() if f != "packed"}
-            above = "linear" if above == "packed" else above
+        if not row_forms:
+            continue
         mod.__class__ = DecodeLinear
-        mod.row_forms, mod.above, mod.max_rows, mod.packed = row_forms, above, max_rows, packed
+        mod.row_forms, mod.packed = row_forms, packed
         changed += 1
     return changed

@@ -95,9 +95,10 @@ def cpu_kv_cache_gib(model_dir: str | Path, max_length: int, sequences: int, dty
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ServingError(f"{path}: cannot read the model config to size vLLM's CPU KV cache: {e}") from None
+    text = cfg.get("text_config") or cfg  # a multimodal checkpoint keeps its decoder's shape there
     try:
-        width = kv_width(cfg)
-        layers = int((cfg.get("text_config") or cfg)["num_hidden_layers"])
+        width = kv_width(text)
+        layers = int(text["num_hidden_layers"])
     except (KeyError, TypeError, ValueError) as e:
         raise ServingError(f"{path}: no {e} to size vLLM's CPU KV cache; set serving.env "
                            f"VLLM_CPU_KVCACHE_SPACE (GiB) yourself") from None

@@ -19,11 +19,10 @@ batch may be); a form other than ``linear`` is taken where it is faster by more 
 layers ``DecodeLinear``: the chosen form at the row counts it won (a count goes by the measurement at the next
 measured count up), ``F.linear`` at every other (a prefill's hundreds of rows: there the forms measured within the
 box's drift of each other in bf16, and a choice made on such a measurement slowed the prefill), the same parameters
-and state dict; a layer with a ``packed`` win keeps its
-packed copy beside the weight (not in the state dict; so ``apply`` is for a model that no longer trains). Each
-measurement is kept per CPU, threads, torch version, dtype, shape and rows in ``~/.cache/webrl/decode-linear.json``,
-so a box measures each once (a few seconds for SmolLM2). ``WEBRL_CALIBRATE=0`` keeps ``F.linear``, as for the
-micro-batch (learn/micro_batch.py).
+and state dict; a layer with a ``packed`` win keeps its packed copy beside the weight (not in the state dict; so
+``apply`` is for a model that no longer trains). Each measurement is kept per CPU, threads, torch version, dtype,
+shape and rows in ``~/.cache/webrl/decode-linear.json``, so a box measures each once (a few seconds for SmolLM2).
+``WEBRL_CALIBRATE=0`` keeps ``F.linear``, as for the micro-batch (learn/micro_batch.py).
 """
 
 from __future__ import annotations

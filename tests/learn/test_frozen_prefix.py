@@ -9,7 +9,8 @@ from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import frozen_prefix as FP
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.models import last_hidden_states, left_pad, load_causal_lm
+from webrl_core.learn.models import (autocast_context, encode_prompt_action, last_hidden_states, left_pad,
+                                     load_causal_lm, load_tokenizer)
 from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 
@@ -71,6 +72,30 @@ def test_rows_met_before_run_the_top_layers_from_the_kept_states(folder):
         mixed_ref = _plain(model, ids2, mask2)
     assert FP.stats()["hits"] == 6 and FP.stats()["misses"] == 5
     assert torch.allclose(mixed[mask2.bool()], mixed_ref[mask2.bool()], atol=1e-5)
+
+
+def test_a_calibrations_candidates_each_meet_the_cache_as_they_found_it(folder):
+    """``micro_batch.round_robin`` passes every candidate over the same items: none may keep them, or every later
+    candidate would be timed on the top layers alone against the first's whole pass."""
+    from webrl_core.learn.micro_batch import round_robin
+
+    model = load_causal_lm(folder, _settings().models)
+    FP.attach(model, _settings().models)
+    ids, mask = _batch([9, 14, 5, 11])
+    with torch.no_grad():
+        last_hidden_states(model, ids[:1], mask[:1])  # one row kept before the measurement
+    seen = []
+
+    def run(items, c):
+        with torch.no_grad():
+            last_hidden_states(model, ids[items], mask[items])
+        seen.append(dict(FP.stats()))
+        return 1.0, float(len(items))
+
+    round_robin([(1,), (2,)], [[0, 1], [0, 1, 2, 3], [0, 1, 2, 3]], run, prune=False)
+    assert FP.stats()["rows"] == 1  # nothing new kept
+    hits = [b["hits"] - a["hits"] for a, b in zip([{"hits": 0}] + seen, seen)]
+    assert hits == [1, 1, 1, 1, 1, 1]  # every pass found the one row kept before, and only it
 
 
 def test_a_training_pass_from_kept_states_gives_the_same_gradients(folder):
@@ -165,9 +190,11 @@ def test_the_least_recently_used_rows_leave_past_the_budget(folder, monkeypatch)
     assert FP.stats()["misses"] == 4
 
 
-def test_a_phase_runs_the_critic_values_and_the_actor_epoch_from_kept_states(folder, tmp_path):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_phase_runs_the_critic_values_and_the_actor_epoch_from_kept_states(folder, tmp_path, dtype):
     """The critic's epoch keeps its prompts; the actor stage's critic values (a loaded critic) then hit every one;
-    the reference pass keeps the prompt + action rows and the epoch hits them."""
+    the reference pass keeps the prompt + action rows and the epoch hits them. In bfloat16 the epochs run under
+    autocast, so the values pass must too (the cache key includes it)."""
     import sys
     from pathlib import Path
 
@@ -185,7 +212,7 @@ def test_a_phase_runs_the_critic_values_and_the_actor_epoch_from_kept_states(fol
         eps.append((ep, button_steps(ep["intent"], [f'do(action="Click", element="{e + k}")' for k in range(2)],
                                      [f"<button id={e + k}>Open</button>" for k in range(2)])))
     samples = build_transitions(eps)
-    settings = _settings("models.max_length=256", "actor.batch_size=2", "critic.batch_size=2")
+    settings = _settings("models.max_length=256", "actor.batch_size=2", "critic.batch_size=2", f"models.dtype={dtype}")
     train_critic(samples, folder, tmp_path / "critic", settings)
     prompts = {e["prompt"] for e in critic_examples(samples)}
     assert FP.stats()["rows"] == len(prompts) and FP.stats()["hits"] == 0
@@ -194,3 +221,39 @@ def test_a_phase_runs_the_critic_values_and_the_actor_epoch_from_kept_states(fol
     n_train = stats["n_train"]
     # critic values: one hit per distinct prompt; the reference pass: a miss per trained sample; the epoch: a hit
     assert FP.stats()["hits"] == len(prompts) + n_train and FP.stats()["misses"] == len(prompts) + n_train
+
+
+def test_the_replay_stage_keeps_its_rows_for_the_bf16_actor_epoch(folder, tmp_path):
+    """The replay's 1/PPL pass runs in the training autocast, so in bfloat16 the actor's epoch over the replayed
+    steps runs their top layers only (a pass outside autocast keeps its rows under another key, and every replayed
+    row missed)."""
+    import json
+
+    from webrl_core.artifacts import ArtifactRef, read_jsonl
+    from webrl_core.pipeline.experience import replay_transitions
+    from webrl_core.runs.store import TrajectoryStore
+
+    run = tmp_path / "run"
+    episodes = []
+    for e in range(3):
+        ep = {"episode_id": f"o{e}", "task_id": f"t{e}", "phase": 0, "policy_id": "oracle", "policy_digest": "oracle",
+              "purpose": "rollout", "status": "done", "success": True, "env_score": 1.0, "intent": f"open item {e}",
+              "site": "shopping"}
+        steps = [{"idx": k, "prompt": build_prompt(f"open item {e}", [], f"<button id={e + k}>Open {e + k}</button>"),
+                  "html": "<p/>", "response": f'do(action="Click", element="{e + k}")', "done": k == 1}
+                 for k in range(2)]
+        episodes.append((ep, steps))
+    TrajectoryStore(run).write_episodes(episodes)
+    current = tmp_path / "samples.jsonl"
+    current.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(3)))
+    settings = _settings("models.max_length=256", "models.dtype=bfloat16", "replay.low=0.0", "replay.high=1.0")
+    ref, info = replay_transitions(settings, str(run), 1, ArtifactRef.of(folder, "model"), ArtifactRef.of(current))
+    replayed = read_jsonl(ref)
+    assert info["replay_kept"] == len(replayed) == 6
+    before = FP.stats()
+    model = load_causal_lm(folder, settings.models, trainable=True)  # as train_actor loads the phase-start actor
+    FP.attach(model, settings.models)
+    rows = [encode_prompt_action(load_tokenizer(folder), s["observation"], s["action"], 256)["input_ids"] for s in replayed]
+    with autocast_context(settings.models, "cpu"):
+        last_hidden_states(model, *left_pad(rows, 0))
+    assert FP.stats()["hits"] - before["hits"] == len(rows) and FP.stats()["misses"] == before["misses"]

@@ -45,6 +45,7 @@ from typing import Callable, Sequence
 import torch
 
 from webrl_core.artifacts import replace_text, user_cache_dir
+from webrl_core.learn import frozen_prefix
 from webrl_core.learn.models import attention_of, set_attention
 
 CALIBRATE_ENV = "WEBRL_CALIBRATE"
@@ -181,17 +182,19 @@ def round_robin(cands: list, draws: list[list], run: Callable[[list, object], tu
                  prune: bool) -> dict:
     """Median rate (units/s) of every candidate ``c`` over the timed rounds ``draws[1:]``: ``run(items, c)`` returns
     (seconds, units) of ``c`` over a round's items; ``draws[0]``'s first ``c[0]`` items are its warm-up. ``prune``:
-    a candidate ``PRUNE`` slower than a round's best leaves the rounds after it."""
-    for c in cands:
-        run(draws[0][:c[0]], c)
+    a candidate ``PRUNE`` slower than a round's best leaves the rounds after it. Every candidate meets the frozen
+    layers' cache as the measurement found it (``frozen_prefix.no_new_rows``)."""
     rates: dict = {c: [] for c in cands}
-    for items in draws[1:]:
+    with frozen_prefix.no_new_rows():
         for c in cands:
-            seconds, units = run(items, c)
-            rates[c].append(units / seconds if seconds else 0.0)
-        if prune:
-            best = max(rates[c][-1] for c in cands)
-            cands = [c for c in cands if rates[c][-1] >= (1 - PRUNE) * best]
+            run(draws[0][:c[0]], c)
+        for items in draws[1:]:
+            for c in cands:
+                seconds, units = run(items, c)
+                rates[c].append(units / seconds if seconds else 0.0)
+            if prune:
+                best = max(rates[c][-1] for c in cands)
+                cands = [c for c in cands if rates[c][-1] >= (1 - PRUNE) * best]
     return {c: statistics.median(r) for c, r in rates.items()}
 
 
@@ -206,7 +209,7 @@ def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_sett
     micro, kernel = ms[0], ks[0]
     if len(ms) * len(ks) > 1:
         key = _key(trainer.model, stage, [len(r["input_ids"]) for r in rows], trainer.args.bf16, batch_size,
-                   kernel_setting, "sampler_draw")  # measured on random samples before: measured again
+                   kernel_setting, "sampler_draw", "no_new_rows")  # measured otherwise before: again
         entry = read_kept(cache_file()).get(key)
         if entry is not None and entry.get("micro") in ms and entry.get("attention") in ks:  # kept
             micro, kernel = entry["micro"], entry["attention"]
@@ -248,7 +251,8 @@ def scoring_batch(stage: str, model, lengths: Sequence[int], score: Callable[[li
     bs = [b for b in SCORING_BATCHES if b <= len(lengths)]
     if not enabled() or param.device.type != "cpu" or len(bs) < 2:
         return default
-    key = _key(model, f"score:{stage}", list(lengths), str(param.dtype), attention_of(model))
+    # "no_new_rows": measured with the frozen layers' cache keeping what the first candidate ran before
+    key = _key(model, f"score:{stage}", list(lengths), str(param.dtype), attention_of(model), "no_new_rows")
     entry = read_kept(cache_file()).get(key)
     if entry is None or entry.get("batch") not in bs:
         size = max(bs)

@@ -393,7 +393,8 @@ def _sample_advantages(samples: list[dict], mode: str, cfg: WebRLConfig, critic_
     critic.requires_grad_(False)  # values only
     frozen_prefix.attach(critic.backbone, settings.models)  # the critic's epoch has seen these prompts
     t0 = time.perf_counter()
-    v, nv = critic_values_for(samples, critic, settings, progress)
+    with autocast_context(settings.models, critic.device):  # the epoch's autocast: its cached rows are found
+        v, nv = critic_values_for(samples, critic, settings, progress)
     del critic  # freed before the actor is loaded: never two models in memory
     adv, mask = compute_advantages(samples, v, nv, cfg)
     return adv, mask, v, {"critic_s": round(time.perf_counter() - t0, 3)}

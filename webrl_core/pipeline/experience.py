@@ -19,7 +19,7 @@ from webrl_core.artifacts import ArtifactRef, read_json, read_jsonl
 from webrl_core.env.judge import judge_from_settings
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
 from webrl_core.learn import frozen_prefix
-from webrl_core.learn.models import load_causal_lm, load_tokenizer
+from webrl_core.learn.models import autocast_context, load_causal_lm, load_tokenizer
 from webrl_core.learn.orm import OrmScorer, decision_agreement, orm_prompt_for_episode
 from webrl_core.learn.outcome_judge import judge_case, outcome_judge_from_settings
 from webrl_core.prompts import prompt_format
@@ -235,9 +235,12 @@ def replay_transitions(settings, run_dir: str, phase: int, actor_ref: ArtifactRe
     model = load_causal_lm(actor_ref.path, settings.models)
     frozen_prefix.attach(model, settings.models)  # the picked steps come back in the actor's epoch
     tok = load_tokenizer(actor_ref.path)
-    picked, info = score_replay(rows, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
-                                max_length=settings.models.max_length, batch_size=rc.batch_size,
-                                seed=settings.run.seed, progress=True, scoring=rc.scoring)
+    # in the training forward's autocast: the actor's epoch then finds these rows' bottom layers in the cache (its
+    # key includes the autocast), and the reference log-probs reused from the 1/PPL are the training forward's
+    with autocast_context(settings.models, next(model.parameters()).device):
+        picked, info = score_replay(rows, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
+                                    max_length=settings.models.max_length, batch_size=rc.batch_size,
+                                    seed=settings.run.seed, progress=True, scoring=rc.scoring)
     rank = {(r["episode_id"], r["idx"]): r["rank_score"] for r in picked}
     eps, by_ep = store.finished_episodes(sorted({e for e, _ in rank}))
     samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.transitions.gamma)

@@ -203,6 +203,12 @@ class ModelsConfig(Section):
         "auto", description="attention kernel (transformers' attn_implementation). auto: a CPU training stage measures "
         "sdpa against eager with its micro-batch and keeps the faster (learn/micro_batch.py), every other pass uses "
         "transformers' default (sdpa); a name: every trained model and every causal LM loaded uses it")
+    compile_layers: Literal["off", "on", "auto"] = Field(
+        "off", description="run each decoder layer of a training stage through torch.compile (inductor, dynamic "
+        "shapes) after its calibration: fewer kernels for the norms, rotary, activation and casts. It costs a "
+        "compilation per stage process (13-40 s on a 2-core CPU) and makes each pass 1.07-1.23x faster "
+        "(docs/benchmarks.md#compiled-decoder-layers-modelscompile_layers); auto: only a stage of at least "
+        "models.COMPILE_PAYS_PASSES forward/backward passes, where that pays")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings for every trained model")
     embedded: EmbeddedModelConfig = Field(default_factory=EmbeddedModelConfig, description="embedded default model sizes")
 

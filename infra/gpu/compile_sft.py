@@ -1,4 +1,4 @@
-"""The 1B Llama's SFT on a GPU with eager and compiled decoder layers (``WEBRL_COMPILE_LAYERS``;
+"""The 1B Llama's SFT on a GPU with eager and compiled decoder layers (``models.compile_layers``;
 docs/benchmarks.md, "Compiled decoder layers"): `sft_train` as the pipeline calls it, bf16, all layers trained at
 batch 16, on the bench's synthetic WebRL steps, in one process: eager, then compiled (the compilation included),
 then compiled again (the compiled code reused by a new model). A random-init folder is built from CONFIG_DIR (a
@@ -9,7 +9,6 @@ model folder's config and tokenizer; ``benchmarks.train_model.random_init``). Ea
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -17,7 +16,6 @@ from pathlib import Path
 import webrl_core.learn.sft_trainer as sft
 from benchmarks.train_model import random_init, synthetic_pairs
 from webrl_core.config_loader import load_config
-from webrl_core.learn.models import COMPILE_ENV
 
 LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8)
@@ -26,16 +24,15 @@ LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, 
 def main(config_dir: str, episodes: str = "64") -> None:
     folder = random_init(config_dir, Path(tempfile.gettempdir()) / "webrl-compile-sft-model", **LLAMA_1B)
     pairs = synthetic_pairs(int(episodes), 0)
-    for label, flag in (("eager", "0"), ("compiled, first", "1"), ("compiled, again", "1")):
-        os.environ[COMPILE_ENV] = flag
+    for label, flag in (("eager", "off"), ("compiled, first", "on"), ("compiled, again", "on")):
         settings = load_config("demo", sets=[f"models.actor={folder}", "models.device=cuda",
+                                             f"models.compile_layers={flag}",
                                              "models.dtype=bfloat16", "actor.batch_size=16",
                                              "models.train_layers=null"])
         with tempfile.TemporaryDirectory() as tmp:
             st = sft.sft_train(pairs, folder, Path(tmp) / "sft", settings, epochs=1)
         print(f"RESULT {label}: {st['steps']} steps, train {st['train_s']:.2f}s, "
               f"{st['tokens'] / st['train_s']:.0f} tokens/s", flush=True)
-    os.environ.pop(COMPILE_ENV, None)
 
 
 if __name__ == "__main__":

@@ -236,8 +236,8 @@ def test_the_replay_stage_keeps_its_rows_for_the_bf16_actor_epoch(folder, tmp_pa
     run = tmp_path / "run"
     episodes = []
     for e in range(3):
-        ep = {"episode_id": f"o{e}", "task_id": f"t{e}", "phase": 0, "policy_id": "oracle", "policy_digest": "oracle",
-              "purpose": "rollout", "status": "done", "success": True, "env_score": 1.0, "intent": f"open item {e}",
+        ep = {"episode_id": f"o{e}", "task_id": f"t{e}", "phase": 0, "policy_id": "oracle",
+              "policy_digest": "oracle", "purpose": "rollout", "status": "done", "success": True, "env_score": 1.0, "intent": f"open item {e}",
               "site": "shopping"}
         steps = [{"idx": k, "prompt": build_prompt(f"open item {e}", [], f"<button id={e + k}>Open {e + k}</button>"),
                   "html": "<p/>", "response": f'do(action="Click", element="{e + k}")', "done": k == 1}

@@ -280,19 +280,20 @@ def test_to_device_excludes_cudnn_attention_on_cuda_unless_asked(monkeypatch):
     assert calls == [False, True] and moved[1:] == [torch.device("cuda")] * 2
 
 
-def test_compiled_layers_train_as_the_eager_ones(tok_dir, tmp_path, monkeypatch):
-    """WEBRL_COMPILE_LAYERS=1: every decoder layer of a model loaded for training (and of a critic's backbone) runs
-    compiled; the weights' names and the gradients of a padded batch at two lengths equal the eager model's up to
-    rounding. A bad value is named."""
+def test_compiled_layers_train_as_the_eager_ones(tok_dir, tmp_path):
+    """models.compile_layers: on compiles every decoder layer (a causal LM's, a critic's backbone's); auto only a
+    stage of COMPILE_PAYS_PASSES passes; the weights' names and the gradients of a padded batch at two lengths equal
+    the eager model's up to rounding. A bad value is named."""
     from webrl_core.learn.critic import Critic
-    from webrl_core.learn.models import COMPILE_ENV, decoder_layers, head_logits, last_hidden_states
+    from webrl_core.learn.models import (COMPILE_PAYS_PASSES, compile_layers, decoder_layers, head_logits,
+                                         last_hidden_states)
 
     out = build_embedded_model(tok_dir, tiny("llama"), tmp_path / "m")
     cfg = ModelsConfig(train_layers=1)
 
-    def grads(flag: str):
-        monkeypatch.setenv(COMPILE_ENV, flag)
+    def grads(setting: str, passes: int):
         model = load_causal_lm(out, cfg, trainable=True)
+        compiled = compile_layers(model, setting, passes)
         torch.manual_seed(0)
         for length in (19, 33):
             ids = torch.randint(5, 400, (2, length))
@@ -300,21 +301,22 @@ def test_compiled_layers_train_as_the_eager_ones(tok_dir, tmp_path, monkeypatch)
             mask[0, :4] = 0
             hidden = last_hidden_states(model, ids, mask)[:, -3:]
             head_logits(model, hidden.reshape(-1, hidden.shape[-1])).logsumexp(-1).mean().backward()
-        return model, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+        return model, compiled, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
 
-    eager, g0 = grads("0")
-    compiled, g1 = grads("1")
-    layers = decoder_layers(compiled, "test")[1]
-    assert all(layer._compiled_call_impl is not None for layer in layers)
+    eager, was, g0 = grads("auto", COMPILE_PAYS_PASSES - 1)
+    compiled, now, g1 = grads("auto", COMPILE_PAYS_PASSES)
+    assert (was, now) == (False, True)
+    assert all(layer._compiled_call_impl is not None for layer in decoder_layers(compiled, "test")[1])
     assert all(layer._compiled_call_impl is None for layer in decoder_layers(eager, "test")[1])
     assert sorted(compiled.state_dict()) == sorted(eager.state_dict()) and g0.keys() == g1.keys() and g0
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], rtol=1e-4, atol=1e-6)
     critic = Critic.from_backbone(out, dtype="float32", device="cpu").for_training(cfg)
+    assert compile_layers(critic, "on", 1)
     assert all(layer._compiled_call_impl is not None for layer in decoder_layers(critic.backbone, "test")[1])
-    monkeypatch.setenv(COMPILE_ENV, "fast")
-    with pytest.raises(ValueError, match="WEBRL_COMPILE_LAYERS='fast'"):
-        load_causal_lm(out, cfg, trainable=True)
+    assert not compile_layers(critic, "off", 10 ** 6)
+    with pytest.raises(ValueError, match="models.compile_layers='fast'"):
+        compile_layers(eager, "fast", 1)
 
 
 def test_a_bad_switch_value_is_named(monkeypatch):

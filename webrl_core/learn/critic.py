@@ -48,7 +48,7 @@ from rich.progress import track
 from torch import nn
 
 from webrl_core.learn.micro_batch import scoring_batch
-from webrl_core.learn.models import (apply_lora, compile_layers, count_parameters, downcast_frozen,
+from webrl_core.learn.models import (apply_lora, count_parameters, downcast_frozen,
                                enable_checkpointing, encode_prompt, from_pretrained, last_hidden_states, left_pad,
                                load_tokenizer, set_attention, to_device, torch_dtype, train_top_layers,
                                upcast_trainable)
@@ -156,7 +156,6 @@ class Critic(nn.Module):
         self.head1.float().requires_grad_(True)
         self.head2.float().requires_grad_(True)
         downcast_frozen(upcast_trainable(self), torch_dtype(models_cfg.dtype))
-        compile_layers(self.backbone)
         return self.train()
 
     def parameter_counts(self) -> dict[str, int]:

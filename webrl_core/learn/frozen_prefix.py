@@ -113,8 +113,8 @@ def clear() -> None:
 def no_new_rows():
     """Look rows up but keep none: a calibration's candidates (``micro_batch.round_robin``) pass over the same items
     in turn, and without this the first would keep them and every later one would run the top layers only, so the
-    measurement would compare a whole pass with a cached one (the replay's 1/PPL pass measured batch 1 at 5.3k and
-    batch 4 at 12.7k length units/s that way, then ran at about a third of that)."""
+    measurement would compare a whole pass with a cached one (the demo's replay measured batch 1 at 5.3k and batch 4
+    at 12.7k length units/s that way; measured whole, batches 1-8 are within 15% of each other)."""
     with STORE.lock:
         STORE.read_only += 1
     try:

@@ -251,7 +251,7 @@ def scoring_batch(stage: str, model, lengths: Sequence[int], score: Callable[[li
     bs = [b for b in SCORING_BATCHES if b <= len(lengths)]
     if not enabled() or param.device.type != "cpu" or len(bs) < 2:
         return default
-    # "no_new_rows": measured with the frozen layers' cache keeping what the first candidate ran before
+    # "no_new_rows": kept entries of before, when later candidates met the rows the first one kept, are measured again
     key = _key(model, f"score:{stage}", list(lengths), str(param.dtype), attention_of(model), "no_new_rows")
     entry = read_kept(cache_file()).get(key)
     if entry is None or entry.get("batch") not in bs:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 import threading
 from pathlib import Path
 
@@ -270,9 +271,7 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
         if cfg.gradient_checkpointing:  # inputs must require grad for checkpointed frozen embeddings
             model.enable_input_require_grads()
         model = apply_lora(model, cfg.lora)
-    model = downcast_frozen(upcast_trainable(model), torch_dtype(cfg.dtype))
-    compile_layers(model)
-    return model
+    return downcast_frozen(upcast_trainable(model), torch_dtype(cfg.dtype))
 
 
 def decoder_layers(model, what: str) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
@@ -286,19 +285,34 @@ def decoder_layers(model, what: str) -> tuple[torch.nn.Module, list[torch.nn.Mod
     return decoder, list(layers)
 
 
-COMPILE_ENV = "WEBRL_COMPILE_LAYERS"
+COMPILE_PAYS_PASSES = 500
+"""``models.compile_layers: auto`` compiles a stage of at least this many forward/backward passes. The compilation
+costs 13-40 s a stage process on a 2-core CPU (inductor's code on disk or not) and saves 0.07-0.19 of each pass
+(0.6-0.7 s a pass of the demo's SFT here), so it pays from about 300 passes; the demo's SFT runs about 800, its actor
+stage about 400 (docs/benchmarks.md#compiled-decoder-layers-modelscompile_layers)."""
 
 
-def compile_layers(model) -> None:
-    """With ``WEBRL_COMPILE_LAYERS=1``, each decoder layer of a model about to train runs through
-    ``torch.compile`` (inductor, dynamic shapes): the layer's normalisations, rotary embedding, activation and
-    autocast casts are fused into fewer kernels, so fewer bytes cross memory per token. Each stage's first steps
-    pay the compilation (about 30 s on a 2-core CPU; inductor keeps its code on disk), so it pays only in long
-    stages (docs/benchmarks.md, "Compiled decoder layers"). The weights' names, saving and the trained values (up
-    to rounding) do not change."""
-    if env_switch(COMPILE_ENV):
-        for layer in decoder_layers(model, COMPILE_ENV)[1]:
-            layer.compile(dynamic=True)
+def compile_layers(model, setting: str, passes: int) -> bool:
+    """``models.compile_layers``: each decoder layer of a model about to train runs through ``torch.compile``
+    (inductor, dynamic shapes) when ``setting`` is ``on``, or ``auto`` and the stage runs at least
+    ``COMPILE_PAYS_PASSES`` forward/backward ``passes``. The layer's normalisations, rotary embedding, activation and
+    autocast casts are fused into fewer kernels. The weights' names, saving and the trained values (up to rounding)
+    do not change. Returns whether it compiled."""
+    if setting not in ("off", "on", "auto"):
+        raise ValueError(f"models.compile_layers={setting!r}: off, on or auto")
+    if setting == "off" or (setting == "auto" and passes < COMPILE_PAYS_PASSES):
+        return False
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    cxx = os.environ.get("CXX", "g++")  # inductor's (torch._inductor.config.cpp.cxx) for its CPU kernels
+    if on_cpu and not shutil.which(cxx):
+        if setting == "on":
+            raise RuntimeError(f"models.compile_layers=on: inductor needs a C++ compiler for CPU kernels ({cxx} "
+                               "or $CXX), and there is none on the PATH; install one (apt install g++) or set off")
+        print(f"models.compile_layers=auto: no {cxx} on the PATH, so the layers run eager", flush=True)
+        return False
+    for layer in decoder_layers(getattr(model, "backbone", model), "models.compile_layers")[1]:
+        layer.compile(dynamic=True)
+    return True
 
 
 def train_top_layers(model, n: int) -> None:

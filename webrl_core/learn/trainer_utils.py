@@ -44,7 +44,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
 from webrl_core.learn import micro_batch
-from webrl_core.learn.models import attention_of, load_causal_lm, resolve_device, trainer_precision_args
+from webrl_core.learn.models import (attention_of, compile_layers, load_causal_lm, resolve_device,
+                                     trainer_precision_args)
 from webrl_core.logs import is_verbose
 from webrl_core.runs import loss_history
 
@@ -154,7 +155,8 @@ def progress_callbacks(name: str) -> list:
     return [TrainProgress(name)]
 
 
-def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str = "auto", before_train=None):
+def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str = "auto", before_train=None,
+        compile_setting: str = "off"):
     """``trainer.train()``; the progress display is stopped even when training raises. Without ``--verbose`` the
     Trainer's printed log dicts (``PrinterCallback``, added by ``disable_tqdm=True``) are dropped. ``stage`` and its
     config ``section`` (``batch_size``, ``grad_accum``, ``micro_batch_size``): where the section leaves the micro-batch
@@ -163,7 +165,9 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
     ``result.metrics["micro_batch_size"]`` and ``["attention"]`` (``trained_shape``). ``attention``:
     ``models.attn_implementation`` (``auto``: the calibration measures the attention kernels too).
     ``before_train(trainer)`` runs after the calibration, before the first step: a pass that must see the model as
-    it will train (the actor's reference log-probs) goes there."""
+    it will train (the actor's reference log-probs) goes there. ``compile_setting``: ``models.compile_layers``,
+    applied after the calibration (which then times the eager layers and compiles nothing);
+    ``result.metrics["compiled_layers"]`` says whether it compiled."""
     if not is_verbose():
         trainer.remove_callback(PrinterCallback)
     fixed = getattr(section, "micro_batch_size", None)
@@ -175,6 +179,9 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
         calibrate_s = time.perf_counter() - t0
     else:
         calibrate_s = 0.0
+    micro = trainer.args.per_device_train_batch_size
+    passes = micro_batch.trained_items(trainer, len(trainer.train_dataset)) // max(1, micro)
+    compiled = compile_layers(trainer.model, compile_setting, passes)
     try:
         if before_train is not None:
             before_train(trainer)
@@ -182,6 +189,7 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
         result.metrics["calibrate_s"] = round(calibrate_s, 3)
         result.metrics["micro_batch_size"] = trainer.args.per_device_train_batch_size
         result.metrics["attention"] = attention_of(trainer.model) or ""
+        result.metrics["compiled_layers"] = int(compiled)
         return result
     finally:
         for cb in trainer.callback_handler.callbacks:
@@ -194,7 +202,7 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
 
 def trained_shape(result) -> dict:
     """What ``fit`` trained at, for a stage's stats (MLflow: the micro-batch a metric, the kernel a tag)."""
-    return {k: result.metrics[k] for k in ("calibrate_s", "micro_batch_size", "attention")}
+    return {k: result.metrics[k] for k in ("calibrate_s", "micro_batch_size", "attention", "compiled_layers")}
 
 
 def _loss_curve(trainer: Trainer) -> list[list[float]]:

@@ -237,8 +237,8 @@ def test_the_replay_stage_keeps_its_rows_for_the_bf16_actor_epoch(folder, tmp_pa
     episodes = []
     for e in range(3):
         ep = {"episode_id": f"o{e}", "task_id": f"t{e}", "phase": 0, "policy_id": "oracle",
-              "policy_digest": "oracle", "purpose": "rollout", "status": "done", "success": True, "env_score": 1.0, "intent": f"open item {e}",
-              "site": "shopping"}
+              "policy_digest": "oracle", "purpose": "rollout", "status": "done", "success": True, "env_score": 1.0,
+              "intent": f"open item {e}", "site": "shopping"}
         steps = [{"idx": k, "prompt": build_prompt(f"open item {e}", [], f"<button id={e + k}>Open {e + k}</button>"),
                   "html": "<p/>", "response": f'do(action="Click", element="{e + k}")', "done": k == 1}
                  for k in range(2)]
@@ -253,7 +253,8 @@ def test_the_replay_stage_keeps_its_rows_for_the_bf16_actor_epoch(folder, tmp_pa
     before = FP.stats()
     model = load_causal_lm(folder, settings.models, trainable=True)  # as train_actor loads the phase-start actor
     FP.attach(model, settings.models)
-    rows = [encode_prompt_action(load_tokenizer(folder), s["observation"], s["action"], 256)["input_ids"] for s in replayed]
+    tok = load_tokenizer(folder)
+    rows = [encode_prompt_action(tok, s["observation"], s["action"], 256)["input_ids"] for s in replayed]
     with autocast_context(settings.models, "cpu"):
         last_hidden_states(model, *left_pad(rows, 0))
     assert FP.stats()["hits"] - before["hits"] == len(rows) and FP.stats()["misses"] == before["misses"]

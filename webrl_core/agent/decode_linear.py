@@ -27,6 +27,7 @@ shape and rows in ``~/.cache/webrl/decode-linear.json``, so a box measures each 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -43,6 +44,17 @@ ROUNDS = 5  # timed rounds per shape and row count (after a warm-up), all forms 
 ROUND_S = 0.01  # each form's calls in a round last about this long
 
 
+def product(form: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+            packed: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T (+ bias) for a 2-D ``x`` in ``form`` (module docstring); ``packed``: the weight's packed copy."""
+    if form == "packed":
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    if form == "weights_first":
+        y = torch.mm(weight, x.t()).t().contiguous()
+        return y if bias is None else y + bias
+    return F.linear(x, weight, bias)
+
+
 def packed_weight(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
     """oneDNN's packed copy of ``weight`` for products of about ``rows`` rows, or None where this torch build or
     CPU has no such kernel for its dtype (the ``packed`` form is then not a candidate)."""
@@ -52,7 +64,7 @@ def packed_weight(weight: torch.Tensor, rows: int) -> torch.Tensor | None:
     try:
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), max(1, rows))
-            torch.ops.mkldnn._linear_pointwise(weight.new_zeros(1, weight.shape[1]), packed, None, "none", [], "")
+            product("packed", weight.new_zeros(1, weight.shape[1]), weight, packed=packed)
         return packed
     except (RuntimeError, NotImplementedError):
         return None
@@ -71,13 +83,7 @@ class DecodeLinear(torch.nn.Linear):
         form = self.row_forms.get(rows, "linear")
         if form == "linear":
             return F.linear(x, self.weight, self.bias)
-        flat = x.reshape(rows, x.shape[-1])
-        if form == "packed":
-            y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
-        else:
-            y = torch.mm(self.weight, flat.t()).t().contiguous()
-            if self.bias is not None:
-                y = y + self.bias
+        y = product(form, x.reshape(rows, x.shape[-1]), self.weight, self.bias, self.packed)
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -85,9 +91,8 @@ def _time_forms(weight: torch.Tensor, rows: int, packed: torch.Tensor | None) ->
     """Seconds per call of each form at ``rows`` rows (``packed`` only with a packed copy): the median of
     ``ROUNDS`` interleaved rounds after a warm-up, as the micro-batch is measured (``micro_batch.round_robin``)."""
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype, device=weight.device)
-    forms = {"linear": lambda: F.linear(x, weight), "weights_first": lambda: torch.mm(weight, x.t()).t().contiguous()}
-    if packed is not None:
-        forms["packed"] = lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    forms = {f: functools.partial(product, f, x, weight, packed=packed)
+             for f in FORMS if f != "packed" or packed is not None}
 
     def run(calls: list, c: tuple[int, str]) -> tuple[float, int]:
         t0 = time.perf_counter()

@@ -199,10 +199,11 @@ class ModelsConfig(Section):
         None, ge=1, description="train only the top N decoder layers and the final norm (embeddings, LM head and the "
         "layers below stay frozen: no weight gradients and no backward below them); empty: all weights (or LoRA)")
     max_length: int = Field(4096, ge=64, description="max tokens of prompt+action; the observation is cut, never the action")
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2", "flex_attention"] = Field(
-        "auto", description="attention kernel (transformers' attn_implementation). auto: a CPU training stage measures "
-        "sdpa against eager with its micro-batch and keeps the faster (learn/micro_batch.py), every other pass uses "
-        "transformers' default (sdpa); a name: every trained model and every causal LM loaded uses it")
+    attn_implementation: Literal["auto", "sdpa", "eager", "matmul", "flash_attention_2", "flex_attention"] = Field(
+        "auto", description="attention kernel (transformers' attn_implementation; matmul: learn/matmul_attention.py, "
+        "two bf16 matmuls up to a crossover length measured on the box, sdpa beyond). auto: on a CPU every model "
+        "loads with matmul and a training stage measures it against sdpa with its micro-batch, keeping the faster "
+        "(learn/micro_batch.py); elsewhere transformers' default (sdpa); a name: every model loaded uses it")
     compile_layers: Literal["off", "on", "auto"] = Field(
         "off", description="run each decoder layer of a training stage through torch.compile (inductor, dynamic "
         "shapes) after its calibration: fewer kernels for the norms, rotary, activation and casts. It costs a "

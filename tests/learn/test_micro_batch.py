@@ -55,9 +55,12 @@ def test_a_round_passes_over_one_length_grouped_steps_items():
     assert micro_batch.sampler_draw(rows, 4, 8, 3) == micro_batch.sampler_draw(rows, 4, 8, 3)  # seeded
 
 
-def test_auto_measures_both_kernels_and_a_named_kernel_is_loaded_and_kept(tiny):
-    auto = load_causal_lm(tiny, _settings().models, trainable=True)
-    assert attention_of(auto) == "sdpa" and micro_batch.kernels(auto, "auto") == ["sdpa", "eager"]
+def test_auto_measures_both_kernels_and_a_named_kernel_is_loaded_and_kept(tiny, monkeypatch):
+    auto = load_causal_lm(tiny, _settings().models, trainable=True)  # calibration off (the suite): as loaded
+    assert attention_of(auto) == "sdpa" and micro_batch.kernels(auto, "auto") == ["sdpa", "matmul"]
+    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    on = load_causal_lm(tiny, _settings().models, trainable=True)  # on a CPU with calibration on: matmul first
+    assert attention_of(on) == "matmul" and micro_batch.kernels(on, "auto") == ["matmul", "sdpa"]
     named = load_causal_lm(tiny, _settings("models.attn_implementation=eager").models, trainable=True)
     assert attention_of(named) == "eager" and micro_batch.kernels(named, "eager") == ["eager"]
     ids = torch.arange(5, 40).unsqueeze(0)
@@ -75,10 +78,10 @@ def test_a_stage_too_short_to_pay_for_measuring_trains_at_the_default_shape(tiny
     assert micro_batch.measured_items([(m, k) for k in "ab" for m in (1, 2, 4)], 4) == 86
     stats = sft_train(_pairs(), tiny, tmp_path / "short", _settings(), max_steps=2)
     said = capfd.readouterr().out
-    assert "sft: micro-batch 1, sdpa attention, not measured: the stage passes over 8 items, measuring pays from " \
+    assert "sft: micro-batch 1, matmul attention, not measured: the stage passes over 8 items, measuring pays from " \
            f"{micro_batch.PAYS * 86}" in said, said
     assert "by measurement" not in said and not micro_batch.cache_file().exists()
-    assert (stats["micro_batch_size"], stats["attention"]) == (1, "sdpa")
+    assert (stats["micro_batch_size"], stats["attention"]) == (1, "matmul")
 
 
 def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tiny, tmp_path, monkeypatch, capfd):
@@ -93,7 +96,7 @@ def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tin
     (entry,) = kept.values()
     assert entry["stage"] == "sft" and entry["batch_size"] == 4
     rates = {(int(c.split("/")[0]), c.split("/")[1]): r for c, r in entry["tokens_per_s"].items()}
-    assert set(rates) == {(m, k) for m in (1, 2, 4) for k in ("sdpa", "eager")}  # interleaved: all measured
+    assert set(rates) == {(m, k) for m in (1, 2, 4) for k in ("sdpa", "matmul")}  # interleaved: all measured
     assert all(r > 0 for r in rates.values())
     best = max(rates.values())
     chosen = (entry["micro"], entry["attention"])

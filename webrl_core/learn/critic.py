@@ -50,7 +50,7 @@ from torch import nn
 from webrl_core.learn.micro_batch import scoring_batch
 from webrl_core.learn.models import (apply_lora, count_parameters, downcast_frozen,
                                enable_checkpointing, encode_prompt, from_pretrained, last_hidden_states, left_pad,
-                               load_tokenizer, set_attention, to_device, torch_dtype, train_top_layers,
+                               load_tokenizer, apply_attention, to_device, torch_dtype, train_top_layers,
                                upcast_trainable)
 
 CRITIC_JSON = "critic.json"
@@ -151,8 +151,7 @@ class Critic(nn.Module):
             train_top_layers(self.backbone, models_cfg.train_layers)
         elif not lora.enabled:
             self.backbone.requires_grad_(True)
-        if models_cfg.attn_implementation != "auto":
-            set_attention(self.backbone, models_cfg.attn_implementation)
+        apply_attention(self.backbone, models_cfg)
         self.head1.float().requires_grad_(True)
         self.head2.float().requires_grad_(True)
         downcast_frozen(upcast_trainable(self), torch_dtype(models_cfg.dtype))

@@ -6,9 +6,11 @@ its items' mean, divided by the accumulation steps), only its speed differs, and
 the box. On an AVX2 CPU in float32 one sequence per pass wins: padding costs more than batching saves
 (``webrl bench train``); on a CPU with a bf16 matrix unit (AMX), larger passes feed the unit. The attention kernel
 is the same kind of choice (``models.attn_implementation: auto``): the same softmax(QK^T/sqrt(d))V up to rounding,
-by PyTorch's fused CPU kernel (sdpa) or by two batched matmuls and a softmax (eager). On a 2-core AMX Xeon the fused
+by PyTorch's fused CPU kernel (sdpa) or by two batched matmuls and a softmax in the compute dtype ("matmul",
+:mod:`webrl_core.learn.matmul_attention`, which itself hands long sequences to sdpa). On a 2-core AMX Xeon the fused
 kernel's backward ran at about 85 GFLOP/s while the matmuls ran near the box's bf16 peak, and which kernel won
-depended on the stage (eager for the actor stage, sdpa for the SFT and the critic; docs/benchmarks.md).
+depended on the stage (transformers' eager, then the matmul candidate, for the actor stage; sdpa for the SFT and
+the critic; docs/benchmarks.md).
 
 So where a stage trains on a CPU and ``actor.micro_batch_size`` / ``critic.micro_batch_size`` is empty (or set and
 the kernel ``auto``: then only the kernels are candidates), ``calibrate`` times each candidate (``m``, kernel) on
@@ -55,7 +57,7 @@ PRUNE = 0.25  # a candidate this much slower than a round's best is not measured
 MAX_MICRO = 16
 SCORING_BATCHES = (1, 2, 4, 8)
 PAYS = 2  # a stage or scoring pass is measured only when it passes over this many times the items measuring takes
-KERNELS = ("sdpa", "eager")  # models.attn_implementation: auto measures these (both run on every CPU build)
+KERNELS = ("matmul", "sdpa")  # models.attn_implementation: auto measures these (both run on every CPU build)
 
 
 def cache_file() -> Path:
@@ -209,7 +211,7 @@ def calibrate(trainer, stage: str, batch_size: int, grad_accum: int, kernel_sett
     micro, kernel = ms[0], ks[0]
     if len(ms) * len(ks) > 1:
         key = _key(trainer.model, stage, [len(r["input_ids"]) for r in rows], trainer.args.bf16, batch_size,
-                   kernel_setting, "sampler_draw", "no_new_rows")  # measured otherwise before: again
+                   kernel_setting, "sampler_draw", "no_new_rows", ks)  # measured otherwise before: again
         entry = read_kept(cache_file()).get(key)
         if entry is not None and entry.get("micro") in ms and entry.get("attention") in ks:  # kept
             micro, kernel = entry["micro"], entry["attention"]

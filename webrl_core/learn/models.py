@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from webrl_core.config import LoraConfig, ModelsConfig
-from webrl_core.learn import frozen_prefix
+from webrl_core.learn import frozen_prefix, matmul_attention
 from webrl_core.learn.model_folder import ModelFolderError, check_model_folder
 from webrl_core.prompts import BOS, EOT
 
@@ -142,12 +142,34 @@ def autocast_context(cfg: ModelsConfig, device: str | torch.device):
 
 def set_attention(model, implementation: str) -> None:
     """Every Hugging Face model inside ``model`` (an LM, a critic's backbone, a peft wrapper's base) computes its
-    attention with ``implementation`` from the next forward on (``models.attn_implementation``)."""
+    attention with ``implementation`` from the next forward on (``models.attn_implementation``; "matmul":
+    :mod:`webrl_core.learn.matmul_attention`)."""
     from transformers import PreTrainedModel
 
+    if implementation == matmul_attention.NAME:
+        matmul_attention.register()
     for m in model.modules():
         if isinstance(m, PreTrainedModel) and m.config._attn_implementation != implementation:
             m.set_attn_implementation(implementation)
+
+
+def loaded_attention(cfg: ModelsConfig, device: str | torch.device) -> str | None:
+    """The attention kernel a model is loaded with: ``models.attn_implementation`` when named; under auto on a CPU
+    with calibration on, "matmul" (it hands every call above its measured crossover to sdpa, so it is never the
+    slower of the two by that measurement; a training stage's calibration still measures it against sdpa), else
+    None (transformers' default)."""
+    if cfg.attn_implementation != "auto":
+        return cfg.attn_implementation
+    from webrl_core.learn.micro_batch import enabled
+
+    return matmul_attention.NAME if torch.device(device).type == "cpu" and enabled() else None
+
+
+def apply_attention(model, cfg: ModelsConfig) -> None:
+    """Set the kernel of :func:`loaded_attention` on ``model`` (left as loaded when there is none)."""
+    kernel = loaded_attention(cfg, next(model.parameters()).device)
+    if kernel is not None:
+        set_attention(model, kernel)
 
 
 def _contiguous_input(module, args):
@@ -257,8 +279,7 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
         raise _loading(p, "model", e) from e
     to_device(model, cfg.device)
     contiguous_head_input(model)
-    if cfg.attn_implementation != "auto":
-        set_attention(model, cfg.attn_implementation)
+    apply_attention(model, cfg)
     if not trainable:
         model.eval().requires_grad_(False)
         return model

@@ -1,0 +1,110 @@
+"""learn.matmul_attention: the "matmul" kernel computes sdpa's attention (padding, grouped-query heads, a KV cache,
+gradients), hands score matrices above its crossover to sdpa, and its crossover follows its own timings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from webrl_core.learn import matmul_attention
+from webrl_core.learn.models import attention_of, set_attention
+
+
+@pytest.fixture(scope="module")
+def gqa_model():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def _padded_batch():
+    g = torch.Generator().manual_seed(1)
+    lengths = (37, 12, 25)
+    ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):  # left padded, as every scoring and training pass pads
+        ids[i, -n:] = torch.randint(1, 97, (n,), generator=g)
+        mask[i, -n:] = 1
+    return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def test_matmul_attention_equals_sdpa_on_a_padded_grouped_query_batch_with_gradients(gqa_model, monkeypatch):
+    monkeypatch.setitem(matmul_attention._KNOWN, ("torch.float32", 4, 2, 16, True), 10 ** 9)
+    monkeypatch.setitem(matmul_attention._KNOWN, ("torch.float32", 4, 2, 16, False), 10 ** 9)
+    ids, mask, pos = _padded_batch()
+    real = mask.bool()
+    out, grads = {}, {}
+    for kernel in ("sdpa", "matmul"):
+        set_attention(gqa_model, kernel)
+        assert attention_of(gqa_model) == kernel
+        gqa_model.zero_grad()
+        logits = gqa_model(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        logits[real].logsumexp(-1).sum().backward()
+        out[kernel] = logits.detach()[real]
+        grads[kernel] = {n: p.grad.clone() for n, p in gqa_model.named_parameters() if p.grad is not None}
+    assert torch.allclose(out["sdpa"], out["matmul"], atol=1e-5), (out["sdpa"] - out["matmul"]).abs().max()
+    assert grads["sdpa"].keys() == grads["matmul"].keys() and grads["sdpa"]
+    for n, g in grads["sdpa"].items():
+        assert torch.allclose(g, grads["matmul"][n], atol=1e-5, rtol=1e-4), n
+    set_attention(gqa_model, "sdpa")
+
+
+def test_generation_with_a_kv_cache_is_the_same_under_both_kernels(gqa_model, monkeypatch):
+    monkeypatch.setitem(matmul_attention._KNOWN, ("torch.float32", 4, 2, 16, False), 10 ** 9)
+    ids, mask, _ = _padded_batch()
+    runs = {}
+    for kernel in ("sdpa", "matmul"):
+        set_attention(gqa_model, kernel)
+        with torch.no_grad():
+            runs[kernel] = gqa_model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                                              pad_token_id=0)
+    assert torch.equal(runs["sdpa"], runs["matmul"])
+    set_attention(gqa_model, "sdpa")
+
+
+def test_calls_above_the_crossover_go_to_sdpa(gqa_model, monkeypatch):
+    from transformers.integrations import sdpa_attention
+
+    seen = []
+    real_sdpa = sdpa_attention.sdpa_attention_forward
+
+    def counting(module, query, key, *a, **kw):
+        seen.append(query.shape[2] * key.shape[2])
+        return real_sdpa(module, query, key, *a, **kw)
+
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", counting)
+    monkeypatch.setitem(matmul_attention._KNOWN, ("torch.float32", 4, 2, 16, False), 20 * 20)
+    set_attention(gqa_model, "matmul")
+    with torch.no_grad():
+        gqa_model(input_ids=torch.arange(1, 11).unsqueeze(0))  # 10 x 10: this kernel
+        assert seen == []
+        gqa_model(input_ids=torch.arange(1, 31).unsqueeze(0))  # 30 x 30 > 400: sdpa, in each of the 2 layers
+        assert seen == [900, 900]
+    set_attention(gqa_model, "sdpa")
+
+
+def test_the_crossover_lies_where_its_own_timings_say():
+    got = matmul_attention.measure("torch.float32", 2, 1, 16, grad=False)
+    times = {int(t): ms for t, ms in got["ms_matmul_sdpa"].items()}
+    wins = [t for t in sorted(times) if times[t][0] < times[t][1]]
+    best = got["crossover_t"]
+    assert best == 0 or (best in wins and all(t in wins for t in sorted(times) if t <= best))
+    later = [t for t in matmul_attention.LADDER if t > best]
+    assert best == 0 or not later or later[0] not in wins  # the ladder stopped at the first loss
+    assert got["crossover"] == (0 if best == 0 else best * later[0] if later else 4 * best * best)
+
+
+def test_a_kept_crossover_is_read_back_not_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("WEBRL_CALIBRATE", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    shape = ("torch.float32", 2, 1, 8, False)
+    monkeypatch.delitem(matmul_attention._KNOWN, shape, raising=False)
+    q, k = torch.zeros(1, 2, 4, 8), torch.zeros(1, 1, 4, 8)
+    first = matmul_attention.crossover(q, k, grad=False)
+    assert (tmp_path / "webrl" / "attention.json").exists()
+    matmul_attention._KNOWN.pop(shape)
+    monkeypatch.setattr(matmul_attention, "measure", lambda *a: pytest.fail("measured again"))
+    assert matmul_attention.crossover(q, k, grad=False) == first
+    matmul_attention._KNOWN.pop(shape)

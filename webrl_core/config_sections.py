@@ -201,9 +201,10 @@ class ModelsConfig(Section):
     max_length: int = Field(4096, ge=64, description="max tokens of prompt+action; the observation is cut, never the action")
     attn_implementation: Literal["auto", "sdpa", "eager", "matmul", "flash_attention_2", "flex_attention"] = Field(
         "auto", description="attention kernel (transformers' attn_implementation; matmul: learn/matmul_attention.py, "
-        "two bf16 matmuls up to a crossover length measured on the box, sdpa beyond). auto: on a CPU every model "
-        "loads with matmul and a training stage measures it against sdpa with its micro-batch, keeping the faster "
-        "(learn/micro_batch.py); elsewhere transformers' default (sdpa); a name: every model loaded uses it")
+        "two bf16 matmuls up to a crossover length measured on the box, sdpa beyond). auto: a model trained on a CPU "
+        "loads with matmul and its stage measures it against sdpa with its micro-batch, keeping the faster "
+        "(learn/micro_batch.py); every other pass uses transformers' default (sdpa); a name: every model loaded "
+        "uses it")
     compile_layers: Literal["off", "on", "auto"] = Field(
         "off", description="run each decoder layer of a training stage through torch.compile (inductor, dynamic "
         "shapes) after its calibration: fewer kernels for the norms, rotary, activation and casts. It costs a "

@@ -85,6 +85,23 @@ def test_calls_above_the_crossover_go_to_sdpa(gqa_model, monkeypatch):
     set_attention(gqa_model, "sdpa")
 
 
+def test_keys_and_values_viewed_in_a_kv_cache_reservation_go_to_sdpa(monkeypatch):
+    from transformers.integrations import sdpa_attention
+
+    seen = []
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **kw: seen.append(1) or (None, None))
+    monkeypatch.setitem(matmul_attention._KNOWN, ("torch.float32", 4, 2, 16, False), 10 ** 9)
+    layer = torch.nn.Module()
+    q = torch.randn(1, 4, 1, 16)
+    reserved = torch.randn(1, 2, 40, 16)  # room for 40 positions, 30 filled: a strided view, as kv_cache keeps it
+    with torch.no_grad():
+        matmul_attention.attention(layer, q, reserved[:, :, :30], reserved[:, :, :30], None, scaling=0.25)
+        assert seen == [1]
+        out, _ = matmul_attention.attention(layer, q, reserved[:, :, :30].contiguous(),
+                                            reserved[:, :, :30].contiguous(), None, scaling=0.25)
+    assert seen == [1] and out.shape == (1, 1, 4, 16)
+
+
 def test_the_crossover_lies_where_its_own_timings_say():
     got = matmul_attention.measure("torch.float32", 2, 1, 16, grad=False)
     times = {int(t): ms for t, ms in got["ms_matmul_sdpa"].items()}

@@ -151,7 +151,7 @@ class Critic(nn.Module):
             train_top_layers(self.backbone, models_cfg.train_layers)
         elif not lora.enabled:
             self.backbone.requires_grad_(True)
-        apply_attention(self.backbone, models_cfg)
+        apply_attention(self.backbone, models_cfg, trainable=True)
         self.head1.float().requires_grad_(True)
         self.head2.float().requires_grad_(True)
         downcast_frozen(upcast_trainable(self), torch_dtype(models_cfg.dtype))

@@ -102,6 +102,7 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     tq, tk = query.shape[2], key.shape[2]
     if (kwargs.get("softcap") is not None or kwargs.get("cache") is not None or query.device.type != "cpu"
+            or not (key.is_contiguous() and value.is_contiguous())  # a view into a KV cache's reservation
             or tq * tk > crossover(query, key, grad)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

@@ -153,21 +153,21 @@ def set_attention(model, implementation: str) -> None:
             m.set_attn_implementation(implementation)
 
 
-def loaded_attention(cfg: ModelsConfig, device: str | torch.device) -> str | None:
-    """The attention kernel a model is loaded with: ``models.attn_implementation`` when named; under auto on a CPU
-    with calibration on, "matmul" (it hands every call above its measured crossover to sdpa, so it is never the
-    slower of the two by that measurement; a training stage's calibration still measures it against sdpa), else
-    None (transformers' default)."""
+def loaded_attention(cfg: ModelsConfig, device: str | torch.device, trainable: bool) -> str | None:
+    """The attention kernel a model is loaded with: ``models.attn_implementation`` when named; under auto, a model
+    loaded to train on a CPU with calibration on gets "matmul" (it hands every call above its measured crossover to
+    sdpa; the stage's calibration still measures it against sdpa), every other model None (transformers' default,
+    sdpa: with the policy's KV cache the matmul kernel was no faster, docs/benchmarks.md)."""
     if cfg.attn_implementation != "auto":
         return cfg.attn_implementation
     from webrl_core.learn.micro_batch import enabled
 
-    return matmul_attention.NAME if torch.device(device).type == "cpu" and enabled() else None
+    return matmul_attention.NAME if trainable and torch.device(device).type == "cpu" and enabled() else None
 
 
-def apply_attention(model, cfg: ModelsConfig) -> None:
+def apply_attention(model, cfg: ModelsConfig, trainable: bool) -> None:
     """Set the kernel of :func:`loaded_attention` on ``model`` (left as loaded when there is none)."""
-    kernel = loaded_attention(cfg, next(model.parameters()).device)
+    kernel = loaded_attention(cfg, next(model.parameters()).device, trainable)
     if kernel is not None:
         set_attention(model, kernel)
 
@@ -279,7 +279,7 @@ def load_causal_lm(path: str | os.PathLike, cfg: ModelsConfig, trainable: bool =
         raise _loading(p, "model", e) from e
     to_device(model, cfg.device)
     contiguous_head_input(model)
-    apply_attention(model, cfg)
+    apply_attention(model, cfg, trainable)
     if not trainable:
         model.eval().requires_grad_(False)
         return model

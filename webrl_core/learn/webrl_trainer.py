@@ -89,8 +89,8 @@ from webrl_core.config import ActorTrainConfig
 from webrl_core.learn import advantage as adv_mod
 from webrl_core.learn import filtered_bc, frozen_prefix, grpo
 from webrl_core.learn.critic import Critic
-from webrl_core.learn.models import (apply_attention, autocast_context, count_parameters, encode_prompt_action, head_logits,
-                                     last_hidden_states, left_pad, load_causal_lm, load_tokenizer,
+from webrl_core.learn.models import (apply_attention, autocast_context, count_parameters, encode_prompt_action,
+                                     head_logits, last_hidden_states, left_pad, load_causal_lm, load_tokenizer,
                                      position_ids_from_mask, save_model)
 from webrl_core.learn.trainer_utils import (_dist_map, _fields_of, _full_model, _is_main_process, _loss_curve,
                                             _process_device, _trainer_args, _whole_models, actor_micro_batches, fit,
@@ -391,7 +391,7 @@ def _sample_advantages(samples: list[dict], mode: str, cfg: WebRLConfig, critic_
         critic = Critic.load(critic_dir, dtype=settings.models.dtype, device=_process_device(settings),
                              max_length=settings.models.max_length)
     critic.requires_grad_(False)  # values only
-    apply_attention(critic.backbone, settings.models)
+    apply_attention(critic.backbone, settings.models, trainable=False)
     frozen_prefix.attach(critic.backbone, settings.models)  # the critic's epoch has seen these prompts
     t0 = time.perf_counter()
     with autocast_context(settings.models, critic.device):  # the epoch's autocast: its cached rows are found

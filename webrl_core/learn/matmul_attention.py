@@ -38,6 +38,8 @@ import time
 
 import torch
 
+from webrl_core.learn import box_measurements
+
 NAME = "matmul"
 LADDER = (128, 256, 512, 1024, 2048)  # square causal calls timed to find the crossover
 REPS = 3
@@ -119,9 +121,7 @@ def crossover(query: torch.Tensor, key: torch.Tensor, grad: bool) -> int:
     known = _KNOWN.get(shape)
     if known is not None:
         return known
-    from webrl_core.learn import micro_batch
-
-    if not micro_batch.enabled() or torch.compiler.is_compiling():
+    if not box_measurements.enabled() or torch.compiler.is_compiling():
         return DEFAULT_CROSSOVER
     with _LOCK:
         if shape not in _KNOWN:
@@ -137,14 +137,13 @@ def _cache_key(shape: tuple) -> str:
 
 def _kept_or_measured(shape: tuple) -> int:
     from webrl_core.artifacts import user_cache_dir
-    from webrl_core.learn.micro_batch import keep, read_kept
 
     path = user_cache_dir() / "attention.json"
     key = _cache_key(shape)
-    entry = read_kept(path).get(key)
+    entry = box_measurements.read_kept(path).get(key)
     if entry is None:
         entry = measure(*shape)
-        keep(path, key, entry)
+        box_measurements.keep(path, key, entry)
         print(f"attention: the {NAME} kernel up to {entry['crossover_t']} tokens, sdpa beyond ({shape[0]}, "
               f"{'forward and backward' if shape[4] else 'forward'}; timed here, kept in {path})", flush=True)
     return int(entry["crossover"])

@@ -34,10 +34,8 @@ exact comparisons.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 import random
 import statistics
 import time
@@ -46,11 +44,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from webrl_core.artifacts import replace_text, user_cache_dir
+from webrl_core.artifacts import user_cache_dir
 from webrl_core.learn import frozen_prefix
+from webrl_core.learn.box_measurements import CALIBRATE_ENV, enabled, keep, read_kept  # noqa: F401 (micro_batch.*)
 from webrl_core.learn.models import attention_of, set_attention
 
-CALIBRATE_ENV = "WEBRL_CALIBRATE"
 REPS = 3
 TIE = 0.05
 PRUNE = 0.25  # a candidate this much slower than a round's best is not measured again
@@ -63,9 +61,6 @@ KERNELS = ("matmul", "sdpa")  # models.attn_implementation: auto measures these 
 def cache_file() -> Path:
     return user_cache_dir() / "micro-batch.json"
 
-
-def enabled() -> bool:
-    return os.environ.get(CALIBRATE_ENV, "1") not in ("0", "false", "no")
 
 
 def candidates(batch_size: int, n_items: int) -> list[int]:
@@ -95,20 +90,6 @@ def _key(model, stage: str, lengths: list[int], *more) -> str:
     blob = json.dumps([cpu_summary(), torch.get_num_threads(), stage, shape, trained,
                        1 << max(0, median - 1).bit_length(), *more], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def read_kept(path: Path) -> dict:
-    """The measurements kept in a JSON cache file (``{key: entry}``; empty when missing or unreadable)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def keep(path: Path, key: str, entry: dict) -> None:
-    """Add one measurement to a JSON cache file, atomically; a read-only home keeps nothing (measured again)."""
-    with contextlib.suppress(OSError):
-        replace_text(path, json.dumps(read_kept(path) | {key: entry}, indent=1, sort_keys=True))
 
 
 def _label(m: int, kernel: str | None) -> str:

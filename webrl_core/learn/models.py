@@ -51,7 +51,7 @@ from pathlib import Path
 import torch
 
 from webrl_core.config import LoraConfig, ModelsConfig
-from webrl_core.learn import frozen_prefix, matmul_attention
+from webrl_core.learn import box_measurements, frozen_prefix, matmul_attention
 from webrl_core.learn.model_folder import ModelFolderError, check_model_folder
 from webrl_core.prompts import BOS, EOT
 
@@ -160,9 +160,8 @@ def loaded_attention(cfg: ModelsConfig, device: str | torch.device, trainable: b
     sdpa: with the policy's KV cache the matmul kernel was no faster, docs/benchmarks.md)."""
     if cfg.attn_implementation != "auto":
         return cfg.attn_implementation
-    from webrl_core.learn.micro_batch import enabled
-
-    return matmul_attention.NAME if trainable and torch.device(device).type == "cpu" and enabled() else None
+    cpu = torch.device(device).type == "cpu"
+    return matmul_attention.NAME if trainable and cpu and box_measurements.enabled() else None
 
 
 def apply_attention(model, cfg: ModelsConfig, trainable: bool) -> None:

@@ -11,14 +11,14 @@ from webrl_core.agent import decode_linear
 from webrl_core.agent.decode_linear import DecodeLinear
 from webrl_core.agent.policy import HFPolicy
 from webrl_core.config import EmbeddedModelConfig, ModelsConfig, PolicyConfig
-from webrl_core.learn import micro_batch
+from webrl_core.learn import box_measurements
 from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
 
 
 @pytest.fixture
 def measuring(monkeypatch, tmp_path):
-    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv(box_measurements.CALIBRATE_ENV, "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
@@ -128,7 +128,7 @@ def test_each_row_count_goes_by_its_own_measurement(measuring, monkeypatch):
 
 
 def test_calibration_off_keeps_linear(monkeypatch, tmp_path):
-    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "0")
+    monkeypatch.setenv(box_measurements.CALIBRATE_ENV, "0")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     model = _linear_model()
     assert decode_linear.apply(model, 4) == 0 and not decode_linear.cache_file().exists()

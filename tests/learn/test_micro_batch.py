@@ -12,7 +12,7 @@ import torch
 
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
-from webrl_core.learn import micro_batch
+from webrl_core.learn import box_measurements, micro_batch
 from webrl_core.learn.models import attention_of, load_causal_lm, set_attention, load_tokenizer
 from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.replay import score_replay
@@ -58,7 +58,7 @@ def test_a_round_passes_over_one_length_grouped_steps_items():
 def test_auto_measures_both_kernels_and_a_named_kernel_is_loaded_and_kept(tiny, monkeypatch):
     auto = load_causal_lm(tiny, _settings().models, trainable=True)  # calibration off (the suite): as loaded
     assert attention_of(auto) == "sdpa" and micro_batch.kernels(auto, "auto") == ["sdpa", "matmul"]
-    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv(box_measurements.CALIBRATE_ENV, "1")
     on = load_causal_lm(tiny, _settings().models, trainable=True)  # on a CPU with calibration on: matmul first
     assert attention_of(on) == "matmul" and micro_batch.kernels(on, "auto") == ["matmul", "sdpa"]
     named = load_causal_lm(tiny, _settings("models.attn_implementation=eager").models, trainable=True)
@@ -72,7 +72,7 @@ def test_auto_measures_both_kernels_and_a_named_kernel_is_loaded_and_kept(tiny, 
 
 
 def test_a_stage_too_short_to_pay_for_measuring_trains_at_the_default_shape(tiny, tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv(box_measurements.CALIBRATE_ENV, "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     # 2 steps of 4 items; measuring micro-batches 1, 2, 4 under two kernels passes over 86 items
     assert micro_batch.measured_items([(m, k) for k in "ab" for m in (1, 2, 4)], 4) == 86
@@ -85,7 +85,7 @@ def test_a_stage_too_short_to_pay_for_measuring_trains_at_the_default_shape(tiny
 
 
 def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tiny, tmp_path, monkeypatch, capfd):
-    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv(box_measurements.CALIBRATE_ENV, "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(micro_batch, "PAYS", 0)  # 2 steps would not pay for measuring (the test above)
     settings = _settings()
@@ -109,7 +109,7 @@ def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tin
     sft_train(_pairs(), tiny, tmp_path / "again", settings, max_steps=2)  # the same shape: read, not measured
     assert "by measurement" not in capfd.readouterr().out
 
-    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "0")  # the same step, the micro-batch set by hand
+    monkeypatch.setenv(box_measurements.CALIBRATE_ENV, "0")  # the same step, the micro-batch set by hand
     by_hand = _settings(f"actor.micro_batch_size={entry['micro']}", f"models.attn_implementation={entry['attention']}")
     stats = sft_train(_pairs(), tiny, tmp_path / "fixed", by_hand, max_steps=2)
     assert (stats["micro_batch_size"], stats["attention"], stats["calibrate_s"]) == (*chosen, 0)
@@ -123,7 +123,7 @@ def test_a_measured_micro_batch_is_kept_and_takes_the_step_a_fixed_one_takes(tin
 
 def test_a_scoring_pass_measures_its_batch_once_and_scores_as_a_fixed_batch_does(tiny, tmp_path, monkeypatch,
                                                                                   capfd):
-    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv(box_measurements.CALIBRATE_ENV, "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     model = load_causal_lm(tiny, _settings().models)
     tok = load_tokenizer(tiny)

@@ -282,9 +282,9 @@ def test_calibrated_stages_measure_under_the_training_autocast(bf16_llama, tmp_p
     """On a bf16 box the micro-batch is measured before ``train()`` starts the Trainer's autocast: the timed passes
     must run under it, or a bf16 frozen layer meets a float32 trained one (the actor stage failed there with
     "expected m1 and m2 to have the same dtype") and the rates measured are float32 ones."""
-    from webrl_core.learn import micro_batch
+    from webrl_core.learn import box_measurements, micro_batch
 
-    monkeypatch.setenv(micro_batch.CALIBRATE_ENV, "1")
+    monkeypatch.setenv(box_measurements.CALIBRATE_ENV, "1")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(micro_batch, "PAYS", 0)  # stages this small would not pay for measuring
     seen: set = set()

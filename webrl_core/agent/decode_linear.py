@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from webrl_core.artifacts import user_cache_dir
-from webrl_core.learn import micro_batch
+from webrl_core.learn import box_measurements, micro_batch
 
 FORMS = ("linear", "weights_first", "packed")
 TIE = 0.1  # another form must beat linear by more than this share at a row count
@@ -138,7 +138,7 @@ def fastest_forms(model: torch.nn.Module, max_rows: int) -> dict[Shape, dict[int
     """For each distinct (out, in, dtype) of the model's ``nn.Linear`` layers: the form of each row count of
     1..``max_rows`` where it is not ``linear`` (measured at ``measured_rows``, or as kept for this box; a count
     goes by the measurement at the next measured count up)."""
-    kept = micro_batch.read_kept(cache_file())
+    kept = box_measurements.read_kept(cache_file())
     counts = measured_rows(max_rows)
     found: dict[Shape, dict[int, str]] = {}
     for mod in model.modules():
@@ -159,7 +159,7 @@ def fastest_forms(model: torch.nn.Module, max_rows: int) -> dict[Shape, dict[int
                              "dtype": str(mod.weight.dtype), "rows": rows,
                              "us": {f: round(s * 1e6, 1) for f, s in seconds.items()},
                              "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-                micro_batch.keep(cache_file(), key, kept[key])
+                box_measurements.keep(cache_file(), key, kept[key])
             chosen[rows] = kept[key]["form"]
         row_forms = {}
         for rows in counts:
@@ -175,7 +175,7 @@ def apply(model: torch.nn.Module, max_rows: int) -> int:
     faster on this CPU at some row count up to ``max_rows`` (module docstring). Nothing on another device or with
     calibration off. Returns how many layers changed."""
     param = next(model.parameters(), None)
-    if param is None or param.device.type != "cpu" or not micro_batch.enabled() or max_rows < 1:
+    if param is None or param.device.type != "cpu" or not box_measurements.enabled() or max_rows < 1:
         return 0
     forms = fastest_forms(model, max_rows)
     changed = 0

@@ -160,7 +160,7 @@ def measure(dtype: str, heads: int, kv_heads: int, head_dim: int, grad: bool) ->
 
     layer = _Layer()
     dt = getattr(torch, dtype.removeprefix("torch."))
-    wins: dict[int, bool] = {}
+    best = 0  # the longest length up to which this kernel won
     times: dict[str, list[float]] = {}  # length: [this kernel's ms, sdpa's ms]
     for t in LADDER:
         q = torch.randn(1, heads, t, head_dim, dtype=dt, requires_grad=grad)
@@ -177,21 +177,16 @@ def measure(dtype: str, heads: int, kv_heads: int, head_dim: int, grad: bool) ->
                 if grad:
                     out.backward(go)
 
-        rates: dict[str, list[float]] = {NAME: [], "sdpa": []}
+        seconds: dict[str, list[float]] = {NAME: [], "sdpa": []}
         for rep in range(REPS + 1):
-            for kernel in rates:
+            for kernel in seconds:
                 t0 = time.perf_counter()
                 run(kernel)
                 if rep:
-                    rates[kernel].append(time.perf_counter() - t0)
-        mm, sd = statistics.median(rates[NAME]), statistics.median(rates["sdpa"])
+                    seconds[kernel].append(time.perf_counter() - t0)
+        mm, sd = statistics.median(seconds[NAME]), statistics.median(seconds["sdpa"])
         times[str(t)] = [round(mm * 1e3, 3), round(sd * 1e3, 3)]
-        wins[t] = mm < sd
-        if not wins[t]:
-            break
-    best = 0
-    for t in LADDER:
-        if not wins.get(t):
+        if mm >= sd:  # the ladder stops at the first length where sdpa is as fast
             break
         best = t
     nxt = next((t for t in LADDER if t > best), None)

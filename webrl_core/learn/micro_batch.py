@@ -46,7 +46,7 @@ import torch
 
 from webrl_core.artifacts import user_cache_dir
 from webrl_core.learn import frozen_prefix
-from webrl_core.learn.box_measurements import CALIBRATE_ENV, enabled, keep, read_kept  # noqa: F401 (micro_batch.*)
+from webrl_core.learn.box_measurements import enabled, keep, read_kept
 from webrl_core.learn.models import attention_of, set_attention
 
 REPS = 3
@@ -60,7 +60,6 @@ KERNELS = ("matmul", "sdpa")  # models.attn_implementation: auto measures these 
 
 def cache_file() -> Path:
     return user_cache_dir() / "micro-batch.json"
-
 
 
 def candidates(batch_size: int, n_items: int) -> list[int]:

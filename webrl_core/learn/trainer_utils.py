@@ -43,7 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from webrl_core.learn import micro_batch
+from webrl_core.learn import box_measurements, micro_batch
 from webrl_core.learn.models import (attention_of, compile_layers, load_causal_lm, resolve_device,
                                      trainer_precision_args)
 from webrl_core.logs import is_verbose
@@ -171,7 +171,7 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
     if not is_verbose():
         trainer.remove_callback(PrinterCallback)
     fixed = getattr(section, "micro_batch_size", None)
-    if (stage and micro_batch.enabled() and (fixed is None or attention == "auto")
+    if (stage and box_measurements.enabled() and (fixed is None or attention == "auto")
             and trainer.args.device.type == "cpu" and trainer.args.world_size == 1 and len(trainer.train_dataset)):
         t0 = time.perf_counter()
         micro_batch.calibrate(trainer, stage, section.batch_size, getattr(section, "grad_accum", 1), attention,

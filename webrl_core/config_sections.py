@@ -211,6 +211,12 @@ class ModelsConfig(Section):
         "compilation per stage process (13-40 s on a 2-core CPU) and makes each pass 1.07-1.23x faster "
         "(docs/benchmarks.md#compiled-decoder-layers-modelscompile_layers); auto: only a stage of at least "
         "models.COMPILE_PAYS_PASSES forward/backward passes, where that pays")
+    weight_casts: Literal["per_step", "per_micro_batch"] = Field(
+        "per_step", description="a training stage in mixed precision (float32 trained weights, bf16/fp16 autocast): "
+        "per_step: a trained weight's low-precision copy is made at its first use after an optimizer step and "
+        "reused by every micro-batch until the next (autocast's cast cache kept across the accumulation, "
+        "learn/trainer_utils.py weight_casts_per_step); per_micro_batch: autocast's default, one copy per forward. "
+        "Compiled layers cast inside their own code either way")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings for every trained model")
     embedded: EmbeddedModelConfig = Field(default_factory=EmbeddedModelConfig, description="embedded default model sizes")
 
@@ -305,6 +311,12 @@ class PolicyConfig(Section):
         "fastest, measured once per CPU (agent/decode_linear.py; on the AVX2 EPYC the LM head at 4 rows 21 -> 8 ms, "
         "on the AVX512-BF16 EPYC the decoder's products 12 -> 8 ms a step, docs/benchmarks.md); linear: torch's "
         "linear throughout")
+    prefill: Literal["auto", "rows", "padded"] = Field(
+        "auto", description="in-process model: how a generate() call reads its prompts before decoding. rows: each "
+        "prompt alone, its keys and values laid into the batch's cache, no padding (agent/kv_cache.py "
+        "prefilled_cache; the demo's rollout prompts of 134-535 tokens: 9.0 against 14.4 s for 51 prompts in "
+        "calls of 8, AVX512-BF16 EPYC, docs/benchmarks.md); padded: the left-padded batch in one pass (what a GPU "
+        "runs in parallel); auto: rows on a CPU, padded elsewhere")
     concurrency: int = Field(16, ge=1, description="concurrent requests to an OpenAI-compatible server")
     name_grounding: Literal["off", "phases", "all"] = Field(
         "off", description="ours (agent/grounding.py): when a response's '# Element: NAME' line names exactly one "

@@ -81,11 +81,51 @@ def test_the_policy_decodes_through_a_reserved_cache(tmp_path, monkeypatch):
     real = kv_cache.reserved_cache
     monkeypatch.setattr("webrl_core.agent.policy.reserved_cache",
                         lambda model, reserve: made.append(reserve) or real(model, reserve))
-    pol = HFPolicy(tmp_path / "model", PolicyConfig(max_new_tokens=7, batch_size=2, decode_matmul="linear"),
+    pol = HFPolicy(tmp_path / "model", PolicyConfig(max_new_tokens=7, batch_size=2, decode_matmul="linear",
+                                                    prefill="padded"),
                    ModelsConfig(max_length=256), temperature=0)
     prompts = [build_prompt(f"Open item {i}", [], f'<a id="3">item {i}</a>' * (1 + 3 * i)) for i in range(3)]
     assert len(pol.generate(prompts)) == 3
     assert made == [7, 7]  # one cache per micro-batch, room for the new tokens
+
+
+def test_a_cache_prefilled_row_by_row_decodes_what_the_padded_batch_decodes(tmp_path):
+    """Each row's prompt but its last token run alone and laid out left-padded: the same scores at every step as
+    the padded batch's own prefill (float32, up to rounding), and the same tokens."""
+    model = _tiny_model(tmp_path)
+    rows = [[5 + (i * j) % 300 for j in range(n)] for i, n in enumerate((9, 1, 40, 23))]  # one a single token
+    x, mask = left_pad(rows, 0)
+    kw = dict(input_ids=x, attention_mask=mask, do_sample=False, max_new_tokens=12, min_new_tokens=12,
+              pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    want = model.generate(**kw, past_key_values=reserved_cache(model, 12))
+    cache = kv_cache.prefilled_cache(model, rows, 12)
+    assert cache.get_seq_length() == 39  # the longest prompt but its last token
+    layer = cache.layers[0]
+    assert torch.count_nonzero(layer.keys[0, :, :31]) == 0 and torch.count_nonzero(layer.keys[0, :, 31:]) > 0
+    assert torch.count_nonzero(layer.keys[1]) == 0  # the one-token prompt: nothing cached before its last token
+    got = model.generate(**kw, past_key_values=cache)
+    assert torch.equal(got.sequences, want.sequences)
+    for g, w in zip(got.scores, want.scores):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_the_policy_prefills_row_by_row_on_a_cpu_and_writes_the_same_actions(tmp_path, monkeypatch):
+    from webrl_core.agent.policy import HFPolicy
+    from webrl_core.config import ModelsConfig, PolicyConfig
+
+    _tiny_model(tmp_path)
+    calls = []
+    real = kv_cache.prefilled_cache
+    monkeypatch.setattr("webrl_core.agent.policy.prefilled_cache",
+                        lambda model, rows, reserve: calls.append(len(rows)) or real(model, rows, reserve))
+    prompts = [build_prompt(f"Open item {i}", [], f'<a id="3">item {i}</a>' * (1 + 3 * i)) for i in range(3)]
+    out = {}
+    for mode in ("padded", "auto", "rows"):
+        pol = HFPolicy(tmp_path / "model", PolicyConfig(max_new_tokens=7, batch_size=2, decode_matmul="linear",
+                                                        prefill=mode), ModelsConfig(max_length=256), temperature=0)
+        out[mode] = pol.generate(prompts)
+    assert calls == [2, 2]  # auto and rows, each for its 2-row call only (a call of one row has no padding)
+    assert out["auto"] == out["rows"] == out["padded"]
 
 
 def _tiny_model(tmp_path):

@@ -85,21 +85,29 @@ def test_calls_above_the_crossover_go_to_sdpa(gqa_model, monkeypatch):
     set_attention(gqa_model, "sdpa")
 
 
-def test_keys_and_values_viewed_in_a_kv_cache_reservation_go_to_sdpa(monkeypatch):
+def test_a_decode_step_on_keys_viewed_in_a_kv_cache_reservation_goes_to_sdpa(monkeypatch):
     from transformers.integrations import sdpa_attention
 
+    real = sdpa_attention.sdpa_attention_forward
     seen = []
-    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward", lambda *a, **kw: seen.append(1) or (None, None))
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward",
+                        lambda *a, **kw: seen.append(a[1].shape[2]) or real(*a, **kw))
     monkeypatch.setitem(matmul_attention._KNOWN, ("torch.float32", 4, 2, 16, False), 10 ** 9)
     layer = torch.nn.Module()
-    q = torch.randn(1, 4, 1, 16)
+    layer.num_key_value_groups = 2
     reserved = torch.randn(1, 2, 40, 16)  # room for 40 positions, 30 filled: a strided view, as kv_cache keeps it
+    k, v = reserved[:, :, :30], reserved.flip(2)[:, :, :30]
     with torch.no_grad():
-        matmul_attention.attention(layer, q, reserved[:, :, :30], reserved[:, :, :30], None, scaling=0.25)
+        matmul_attention.attention(layer, torch.randn(1, 4, 1, 16), k, v, None, scaling=0.25)
+        assert seen == [1]  # one query (a decode step): sdpa reads the view as it is
+        out, _ = matmul_attention.attention(layer, torch.randn(1, 4, 1, 16), k.contiguous(), v.contiguous(), None,
+                                            scaling=0.25)
+        assert seen == [1] and out.shape == (1, 1, 4, 16)
+        q = torch.randn(1, 4, 30, 16)  # a prefill into the reservation: this kernel, the same attention as sdpa's
+        got, _ = matmul_attention.attention(layer, q, k, v, None, scaling=0.25)
         assert seen == [1]
-        out, _ = matmul_attention.attention(layer, q, reserved[:, :, :30].contiguous(),
-                                            reserved[:, :, :30].contiguous(), None, scaling=0.25)
-    assert seen == [1] and out.shape == (1, 1, 4, 16)
+        want, _ = real(layer, q, k, v, None, scaling=0.25, is_causal=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_the_crossover_lies_where_its_own_timings_say():

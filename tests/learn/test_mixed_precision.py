@@ -301,3 +301,36 @@ def test_calibrated_stages_measure_under_the_training_autocast(bf16_llama, tmp_p
     assert seen == {torch.bfloat16}
     kept = {e["stage"] for e in json.loads(micro_batch.cache_file().read_text()).values()}
     assert {"critic", "actor"} <= kept
+
+
+class _WeightCasts(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts float32 -> bf16 casts of 2-D parameters (the linear layers' weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32 and args[0].dim() == 2
+                and kwargs.get("dtype") == torch.bfloat16 and isinstance(args[0], torch.nn.Parameter)):
+            self.n += 1
+        return func(*args, **kwargs)
+
+
+def test_weights_cast_once_per_optimizer_step_train_the_same_weights(bf16_llama, tmp_path):
+    """models.weight_casts: per_step reuses autocast's bf16 copy of each trained weight across the 4 micro-batches
+    of a step (a quarter of the casts) and trains bit for bit the same weights as a copy per micro-batch."""
+    casts, weights = {}, {}
+    for mode in ("per_micro_batch", "per_step"):
+        settings = _settings("actor.batch_size=4", "actor.micro_batch_size=1", "bootstrap.sft_lr=1e-4",
+                             f"models.weight_casts={mode}")
+        with _WeightCasts() as counter:
+            launch.sft_train(_pairs(), bf16_llama, tmp_path / mode, settings, max_steps=3, training=INPROCESS)
+        casts[mode], weights[mode] = counter.n, _weights(tmp_path / mode)
+    assert casts["per_step"] > 0 and casts["per_micro_batch"] == 4 * casts["per_step"]
+    assert weights["per_step"].keys() == weights["per_micro_batch"].keys()
+    for k, v in weights["per_step"].items():
+        assert torch.equal(v, weights["per_micro_batch"][k]), k
+    start = _weights(bf16_llama)
+    assert _changed(weights["per_step"], start)[0] > 0  # it trained

@@ -41,7 +41,7 @@ from starlette.routing import Route
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from webrl_core.agent import decode_linear
-from webrl_core.agent.kv_cache import reserved_cache
+from webrl_core.agent.kv_cache import prefilled_cache, reserved_cache
 from webrl_core.agent_api import StepContext
 from webrl_core.artifacts import sha256_path
 from webrl_core.config import ModelsConfig, PolicyConfig
@@ -218,14 +218,22 @@ class HFPolicy:
                 if temp > 0:  # greedy decoding takes the one token each row's sampler left
                     kwargs["logits_processor"] = LogitsProcessorList(
                         [SeededRowSampler([seeds[i] for i in chunk], temp, top_p)])
-                # keys and values written in place, not re-concatenated per token (kv_cache.py)
+                # keys and values written in place, not re-concatenated per token; on a CPU each prompt read
+                # alone, without the batch's padding (kv_cache.py)
+                cache = (prefilled_cache(self.model, [ids[i] for i in chunk], new_tokens)
+                         if len(chunk) > 1 and self._prefill_rows() else None)
                 gen = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                                          past_key_values=reserved_cache(self.model, new_tokens), **kwargs)
+                                          past_key_values=cache or reserved_cache(self.model, new_tokens), **kwargs)
                 for row, i in enumerate(chunk):
                     new = gen[row, input_ids.shape[1]:].tolist()
                     cut = next((k for k, t in enumerate(new) if t in self.stop_ids), len(new))
                     out[i] = self.tok.decode(new[:cut], skip_special_tokens=True)
         return out
+
+    def _prefill_rows(self) -> bool:
+        """``policy.prefill``: each prompt alone (rows) or the padded batch; auto: rows on a CPU."""
+        mode = self.cfg.prefill
+        return mode == "rows" or (mode == "auto" and torch.device(self.device).type == "cpu")
 
     async def act(self, prompts: list[str], contexts: list[StepContext] | None = None) -> list[str]:
         if not prompts:

@@ -105,7 +105,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
                             callbacks=progress_callbacks("critic"))
     t0 = time.perf_counter()
     result = fit(trainer, "critic", settings.critic, settings.models.attn_implementation,
-                 compile_setting=settings.models.compile_layers)
+                 compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts)
     train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
 
     full = _full_model(trainer, lambda: build("cpu"))

@@ -18,7 +18,8 @@ sequences the fused kernel wins (T = 1,000: even forward and backward, 1.5x slow
 hands a call whose score matrix ``T_q x T_k`` is larger than a crossover to transformers' ``sdpa`` unchanged, and the
 crossover is measured on the box (``crossover``: both kernels timed at a ladder of lengths, forward without and
 with backward, kept per CPU in ``~/.cache/webrl/attention.json``), so "matmul" is never slower than ``sdpa`` by
-that measurement.
+that measurement. A decode step (one query) on keys and values viewed in a KV cache's reservation goes to sdpa too:
+the batched matmul would copy the cache on every token.
 
 In bfloat16 its scores are rounded to bfloat16 before the softmax, as transformers' ``eager`` kernel rounds them
 (the fused kernel keeps them in float32): on 6 of the demo's replay items the token log-probs of both matched
@@ -104,7 +105,9 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     tq, tk = query.shape[2], key.shape[2]
     if (kwargs.get("softcap") is not None or kwargs.get("cache") is not None or query.device.type != "cpu"
-            or not (key.is_contiguous() and value.is_contiguous())  # a view into a KV cache's reservation
+            # a decode step on views into a KV cache's reservation: its matmuls would copy the whole cache per
+            # token (the policy's decoding ran 1.4x slower, docs/benchmarks.md); a prefill copies it once
+            or (tq == 1 and not (key.is_contiguous() and value.is_contiguous()))
             or tq * tk > crossover(query, key, grad)):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)

@@ -222,7 +222,8 @@ def train_orm(examples: Sequence[dict], base_model_dir: str | os.PathLike, out_d
                                        train_dataset=_tokenised_dataset(tok, examples, models_cfg.max_length),
                                        processing_class=tok, callbacks=progress_callbacks("orm"))
     # the ORM's step is its batch_size; its micro-batch (and attention kernel) are measured
-    fit(trainer, "orm", cfg, models_cfg.attn_implementation, compile_setting=models_cfg.compile_layers)
+    fit(trainer, "orm", cfg, models_cfg.attn_implementation, compile_setting=models_cfg.compile_layers,
+        weight_casts=models_cfg.weight_casts)
     model = trainer.model
     model.eval()
     out = save_model(model, tok, out_dir)  # under accelerate: a saver that writes from the main process only

@@ -102,7 +102,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
                                        callbacks=progress_callbacks("sft") + list(callbacks or []))
     t0 = time.perf_counter()
     result = fit(trainer, "sft", settings.actor, settings.models.attn_implementation,
-                 compile_setting=settings.models.compile_layers)
+                 compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts)
     train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
     full = _full_model(trainer, lambda: load_causal_lm(model_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))

@@ -512,7 +512,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
                            max_completion_length=settings.policy.max_new_tokens)
     t2 = time.perf_counter()
     result = fit(trainer, "actor", settings.actor, settings.models.attn_implementation, reference_columns,
-                 settings.models.compile_layers)
+                 settings.models.compile_layers, settings.models.weight_casts)
     stats = stats_now()
     t_train = time.perf_counter() - t2 - result.metrics["calibrate_s"] - ref["s"]
     full = _full_model(trainer, lambda: load_causal_lm(actor_dir, models_cfg.model_copy(update={"device": "cpu"}),

@@ -215,8 +215,9 @@ class ModelsConfig(Section):
         "per_step", description="a training stage in mixed precision (float32 trained weights, bf16/fp16 autocast): "
         "per_step: a trained weight's low-precision copy is made at its first use after an optimizer step and "
         "reused by every micro-batch until the next (autocast's cast cache kept across the accumulation, "
-        "learn/trainer_utils.py weight_casts_per_step); per_micro_batch: autocast's default, one copy per forward. "
-        "Compiled layers cast inside their own code either way")
+        "learn/trainer_utils.py weight_casts_per_step; the demo's critic epoch 1.0-1.1x); per_micro_batch: "
+        "autocast's default, one copy per forward. Compiled layers (models.compile_layers) cast inside their own "
+        "code either way")
     lora: LoraConfig = Field(default_factory=LoraConfig, description="LoRA settings for every trained model")
     embedded: EmbeddedModelConfig = Field(default_factory=EmbeddedModelConfig, description="embedded default model sizes")
 

@@ -36,6 +36,9 @@ def test_matmul_attention_equals_sdpa_on_a_padded_grouped_query_batch_with_gradi
     ids, mask, pos = _padded_batch()
     real = mask.bool()
     out, grads = {}, {}
+    computed = []
+    kernel_fn = matmul_attention.matmul_attention
+    monkeypatch.setattr(matmul_attention, "matmul_attention", lambda *a, **kw: computed.append(1) or kernel_fn(*a, **kw))
     for kernel in ("sdpa", "matmul"):
         set_attention(gqa_model, kernel)
         assert attention_of(gqa_model) == kernel
@@ -44,6 +47,8 @@ def test_matmul_attention_equals_sdpa_on_a_padded_grouped_query_batch_with_gradi
         logits[real].logsumexp(-1).sum().backward()
         out[kernel] = logits.detach()[real]
         grads[kernel] = {n: p.grad.clone() for n, p in gqa_model.named_parameters() if p.grad is not None}
+    # the kernel itself ran in both layers, not sdpa in its place
+    assert len(computed) == gqa_model.config.num_hidden_layers
     assert torch.allclose(out["sdpa"], out["matmul"], atol=1e-5), (out["sdpa"] - out["matmul"]).abs().max()
     assert grads["sdpa"].keys() == grads["matmul"].keys() and grads["sdpa"]
     for n, g in grads["sdpa"].items():

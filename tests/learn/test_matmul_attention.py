@@ -138,3 +138,29 @@ def test_a_kept_crossover_is_read_back_not_measured_again(tmp_path, monkeypatch)
     monkeypatch.setattr(matmul_attention, "measure", lambda *a: pytest.fail("measured again"))
     assert matmul_attention.crossover(q, k, grad=False) == first
     matmul_attention._KNOWN.pop(shape)
+
+
+def test_compiled_layers_find_their_crossovers_known_before_they_compile(tmp_path, monkeypatch):
+    """A compiled graph cannot read the kept file; compile_layers looks the model's crossovers up first, so the
+    compiled kernel uses the box's crossover, not the default."""
+    from webrl_core.learn.models import compile_layers
+
+    monkeypatch.setenv("WEBRL_CALIBRATE", "1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cfg = LlamaConfig(vocab_size=97, hidden_size=48, intermediate_size=64, num_hidden_layers=1, num_attention_heads=6,
+                      num_key_value_heads=2, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg)
+    set_attention(model, "matmul")
+    shapes = [("torch.float32", 6, 2, 8, grad) for grad in (False, True)]
+    for shape in shapes:
+        monkeypatch.delitem(matmul_attention._KNOWN, shape, raising=False)
+    measured = []
+    monkeypatch.setattr(matmul_attention, "measure",
+                        lambda *shape: measured.append(shape) or {"crossover": 4096 + len(measured), "crossover_t": 64})
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kw: None)  # the lookup is what is tested here
+    monkeypatch.setenv("CXX", "sh")  # compile_layers asks for a C++ compiler on the PATH; nothing compiles here
+    assert compile_layers(model, "on", passes=0)
+    assert sorted(measured) == sorted(shapes)
+    assert [matmul_attention._KNOWN[s] for s in shapes] == [4096 + 1 + shapes.index(s) for s in shapes]
+    for shape in shapes:
+        matmul_attention._KNOWN.pop(shape)

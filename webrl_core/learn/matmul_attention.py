@@ -132,6 +132,27 @@ def crossover(query: torch.Tensor, key: torch.Tensor, grad: bool) -> int:
     return _KNOWN[shape]
 
 
+def crossovers_before_compiling(model) -> None:
+    """Look up (or measure) ``model``'s crossovers, forward only and with backward, in each floating dtype of its
+    weights, before its layers are compiled. A compiled graph cannot read the kept file, so there ``crossover``
+    falls back to ``DEFAULT_CROSSOVER``, and the demo's SFT, whose calibration was kept from an earlier run (no eager
+    pass filled the lookup first), then compiled another graph for every sequence above 512 tokens: with the
+    layers' other variants that passed dynamo's recompile limit (8), and later variants ran eager."""
+    if not box_measurements.enabled():
+        return
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    dtypes = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point()})
+    for dtype in dtypes:
+        for grad in (False, True):
+            shape = (dtype, heads, kv_heads, head_dim, grad)
+            with _LOCK:
+                if shape not in _KNOWN:
+                    _KNOWN[shape] = _kept_or_measured(shape)
+
+
 def _cache_key(shape: tuple) -> str:
     from webrl_core.hardware import cpu_summary
 

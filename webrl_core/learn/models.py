@@ -330,6 +330,8 @@ def compile_layers(model, setting: str, passes: int) -> bool:
                                "or $CXX), and there is none on the PATH; install one (apt install g++) or set off")
         print(f"models.compile_layers=auto: no {cxx} on the PATH, so the layers run eager", flush=True)
         return False
+    if attention_of(model) == matmul_attention.NAME:
+        matmul_attention.crossovers_before_compiling(getattr(model, "backbone", model))
     for layer in decoder_layers(getattr(model, "backbone", model), "models.compile_layers")[1]:
         layer.compile(dynamic=True)
     return True

@@ -34,19 +34,33 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def cpu_summary() -> str:
-    """The CPU in one phrase for benchmark figures: model, cores, and which bf16 path it has
-    ("AMD EPYC, 2 cores, AVX2 only (bf16 emulated)")."""
-    name = ""
-    try:
-        name = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                     if ln.startswith("model name")), "")
-    except OSError:
-        pass
-    flags = cpu_flags()
+def cpu_summary(cpuinfo: str | None = None) -> str:
+    """The CPU in one phrase for benchmark figures and the keys of the box's kept measurements: model, family and
+    model number, cores, and which bf16 path it has ("AMD EPYC (family 25, model 17), 2 cores, avx512_bf16").
+    A virtual machine may name only the vendor's line: boxes named "AMD EPYC" with ``avx512_bf16`` ran a bf16
+    matmul at 405-480 GFLOP/s a core in some sessions and at about 215 in another (family 25, model 17; docs/
+    benchmarks.md), so the family and model numbers keep their figures and kept measurements apart.
+    ``cpuinfo``: the text of ``/proc/cpuinfo`` (read when None)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:  # the first processor's block ends at its blank line
+                break
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name", "") or "unknown CPU"
+    if fields.get("cpu family") and fields.get("model"):
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    flags = set(fields.get("flags", "").split())
     bf16 = sorted(set(BF16_CPU_FLAGS) & flags)
     path = ", ".join(bf16) if bf16 else ("AVX2 only (bf16 emulated)" if "avx2" in flags else "no AVX2")
-    return f"{name or 'unknown CPU'}, {os.cpu_count()} cores, {path}"
+    return f"{name}, {os.cpu_count()} cores, {path}"
 
 
 def device_summary(device: str) -> str:

@@ -21,17 +21,31 @@ from pathlib import Path
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
+def cpuinfo_fields(text: str) -> dict[str, str]:
+    """The first processor's ``key: value`` fields of a ``/proc/cpuinfo`` text."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            if fields:  # the first processor's block ends at its blank line
+                break
+            continue
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
 @functools.cache
+def _this_cpu() -> dict[str, str]:
+    """This machine's ``cpuinfo_fields`` (Linux ``/proc/cpuinfo``; empty elsewhere)."""
+    try:
+        return cpuinfo_fields(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return {}
+
+
 def cpu_flags() -> frozenset[str]:
     """The processor's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+    return frozenset(_this_cpu().get("flags", "").split())
 
 
 def cpu_summary(cpuinfo: str | None = None) -> str:
@@ -40,20 +54,8 @@ def cpu_summary(cpuinfo: str | None = None) -> str:
     A virtual machine may name only the vendor's line: boxes named "AMD EPYC" with ``avx512_bf16`` ran a bf16
     matmul at 405-480 GFLOP/s a core in some sessions and at about 215 in another (family 25, model 17; docs/
     benchmarks.md), so the family and model numbers keep their figures and kept measurements apart.
-    ``cpuinfo``: the text of ``/proc/cpuinfo`` (read when None)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            cpuinfo = ""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            if fields:  # the first processor's block ends at its blank line
-                break
-            continue
-        fields.setdefault(key.strip(), value.strip())
+    ``cpuinfo``: the text of a ``/proc/cpuinfo`` (this machine's when None)."""
+    fields = _this_cpu() if cpuinfo is None else cpuinfo_fields(cpuinfo)
     name = fields.get("model name", "") or "unknown CPU"
     if fields.get("cpu family") and fields.get("model"):
         name += f" (family {fields['cpu family']}, model {fields['model']})"

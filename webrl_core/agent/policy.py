@@ -222,8 +222,10 @@ class HFPolicy:
                 # alone, without the batch's padding (kv_cache.py)
                 cache = (prefilled_cache(self.model, [ids[i] for i in chunk], new_tokens)
                          if len(chunk) > 1 and self._prefill_rows() else None)
+                if cache is None:
+                    cache = reserved_cache(self.model, new_tokens)
                 gen = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
-                                          past_key_values=cache or reserved_cache(self.model, new_tokens), **kwargs)
+                                          past_key_values=cache, **kwargs)
                 for row, i in enumerate(chunk):
                     new = gen[row, input_ids.shape[1]:].tolist()
                     cut = next((k for k, t in enumerate(new) if t in self.stop_ids), len(new))

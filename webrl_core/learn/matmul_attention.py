@@ -126,10 +126,15 @@ def crossover(query: torch.Tensor, key: torch.Tensor, grad: bool) -> int:
         return known
     if not box_measurements.enabled() or torch.compiler.is_compiling():
         return DEFAULT_CROSSOVER
+    return _known(shape)
+
+
+def _known(shape: tuple) -> int:
+    """``shape``'s crossover, from the kept file or measured, filled into ``_KNOWN`` once per process."""
     with _LOCK:
         if shape not in _KNOWN:
             _KNOWN[shape] = _kept_or_measured(shape)
-    return _KNOWN[shape]
+        return _KNOWN[shape]
 
 
 def crossovers_before_compiling(model) -> None:
@@ -147,10 +152,7 @@ def crossovers_before_compiling(model) -> None:
     dtypes = sorted({str(p.dtype) for p in model.parameters() if p.is_floating_point()})
     for dtype in dtypes:
         for grad in (False, True):
-            shape = (dtype, heads, kv_heads, head_dim, grad)
-            with _LOCK:
-                if shape not in _KNOWN:
-                    _KNOWN[shape] = _kept_or_measured(shape)
+            _known((dtype, heads, kv_heads, head_dim, grad))
 
 
 def _cache_key(shape: tuple) -> str:

@@ -39,6 +39,7 @@ from webrl_core.learn.advantage import cap_beta, official_advantage, official_be
 from benchmarks.score import _page, _response
 from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
+from webrl_core.hardware import matmul_peak_flops
 from webrl_core.learn.critic import Critic
 from webrl_core.learn.models import (autocast_context, encode_prompt, encode_prompt_action, load_causal_lm,
                                      load_tokenizer, n_params)
@@ -47,24 +48,6 @@ from webrl_core.learn.trainer_utils import actor_micro_batches
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.learn.webrl_trainer import train_actor
 from webrl_core.prompts import build_prompt
-
-
-def matmul_peak_flops(n: int = 2048, reps: int = 5, rounds: int = 3, dtype: torch.dtype = torch.float32,
-                      device: str = "cpu") -> float:
-    """Best FLOP/s of an n x n matmul in ``dtype`` on ``device`` now."""
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    torch.matmul(a, b)  # warm-up
-    best = 0.0
-    for _ in range(rounds):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(reps):
-            torch.matmul(a, b)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t))
-    return best
 
 
 def synthetic_trajectories(episodes: int, steps: int, html_chars: tuple[int, int], seed: int):

@@ -7,13 +7,10 @@ settings and ``models.actor = FOLDER``): the bootstrap SFT (``training.sft_train
 (``training.train_actor``: critic values, reference log-probs, the epoch). Data: synthetic WebRL steps
 (``build_prompt`` over simplified-HTML pages, half of the episodes successful), tokenised by FOLDER's tokenizer.
 
-Model FLOPs per sequence of T tokens (PaLM's count, attention included), with N parameters without the input
-embedding, L layers, d hidden size, and N_t, L_t the trained part (``models.train_layers``)::
-
-    forward   2*N*T   + 4*L*d*T^2
-    backward  4*N_t*T + 8*L_t*d*T^2          (no gradients below the lowest trained layer)
-    share of peak = FLOPs / seconds / peak,  peak = best n x n torch.matmul rate in the run's dtype, measured
-                                             before and after the stages
+Model FLOPs: each stage's own count (``learn/model_flops.py``: forward, the backward through the trained layers,
+less the bottom layers' forward of rows found in the frozen-layer cache; the actor stage's critic values and
+reference log-probs included). Share of peak = FLOPs / seconds / peak, the peak the best n x n torch.matmul rate
+in the run's dtype (``hardware.matmul_peak_flops``), measured before and after the stages.
 
 Tokens/s counts the tokens of the sequences trained (prompt and action). The official per-sample actor update
 (``benchmarks.train.official_stage``) runs on the same samples for the ratio official/ours. Peak RSS per stage is the
@@ -33,19 +30,17 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.op_profile import KINDS, copy_bandwidth, limit_seconds, profiled, unavoidable_bytes
-from benchmarks.train import matmul_peak_flops, official_stage, synthetic_trajectories
+from benchmarks.train import official_stage, synthetic_trajectories
 from webrl_core.config_loader import load_config
-from webrl_core.hardware import device_summary
+from webrl_core.hardware import PEAK_MATMUL_N, device_summary, matmul_peak_flops
 from webrl_core.learn.critic_trainer import train_critic
 from webrl_core.learn.models import encode_prompt_action, load_tokenizer, torch_dtype
 from webrl_core.learn.sft_trainer import sft_train
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.learn.webrl_trainer import train_actor
 
-# The matmul that measures the peak, and the copy that measures the bandwidth, per device: a 2048-wide bf16 matmul
-# leaves an H200 under-filled (KINDS.md-style check: 8192 reaches about 790 TFLOP/s), and a 64 MB copy on a GPU
-# measures its 60 MB L2 cache, not its memory.
-PEAK_N = {"cpu": 2048, "cuda": 8192}
+# The copy that measures the bandwidth, per device: a 64 MB copy on a GPU measures its 60 MB L2 cache, not its
+# memory. (The peak's matmul: hardware.PEAK_MATMUL_N.)
 COPY_MB = {"cpu": 64, "cuda": 2048}
 
 
@@ -92,13 +87,6 @@ def _shape(folder: str) -> dict:
     return {"layers": c.num_hidden_layers, "hidden": c.hidden_size, "vocab": c.vocab_size}
 
 
-def _flops(tokens: float, tokens_sq: float, n: int, n_t: int, layers: int, layers_t: int, d: int,
-           train: bool) -> float:
-    """Model FLOPs of sequences with sum T = ``tokens`` and sum T^2 = ``tokens_sq``."""
-    fwd = 2 * n * tokens + 4 * layers * d * tokens_sq
-    return float(fwd + ((4 * n_t * tokens + 8 * layers_t * d * tokens_sq) if train else 0))
-
-
 def synthetic_pairs(episodes: int, seed: int, html_chars: tuple[int, int] = (1500, 4000), steps: int = 4
                     ) -> list[tuple[str, str]]:
     """The (prompt, action) SFT pairs of the bench's synthetic WebRL steps (the GPU probes' data)."""
@@ -118,7 +106,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
     m = settings.models
     folder = str(m.actor)
     device = "cuda" if m.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
-    peak = matmul_peak_flops(n=PEAK_N[device], rounds=5, dtype=torch_dtype(m.dtype), device=device)
+    peak = matmul_peak_flops(torch_dtype(m.dtype), device, n=PEAK_MATMUL_N[device], rounds=5)
     samples = build_transitions(synthetic_trajectories(episodes, steps, html_chars, seed), gamma=0.9)
     pairs = [(s["observation"], s["action"]) for s in samples]
     tok = load_tokenizer(folder)
@@ -164,22 +152,20 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
             st = sft_train(pairs, folder, tmp / "sft", settings, epochs=1)
             n, n_t = counts(st)
             return {"tokens": st["tokens"], "seconds": st["train_s"], "steps": st["steps"], "params": (n, n_t),
-                    "flops": _flops(sum(pair_lens), sum(t * t for t in pair_lens), n, n_t, L, L_t, d, train=True)}
+                    "flops": st["flops"]}
 
         def critic():
             st = train_critic(samples, folder, tmp / "critic", settings)
             n, n_t = counts(st)  # its two small heads are counted as backbone parameters: a rounding error
             return {"tokens": st["tokens"], "seconds": st["train_s"], "steps": st["steps"], "params": (n, n_t),
-                    "flops": _flops(st["tokens"], st["tokens_sq"], n, n_t, L, L_t, d, train=True)}
+                    "flops": st["flops"]}
 
         def actor():
             st = train_actor(samples, folder, tmp / "actor", settings, critic_dir=tmp / "critic", progress=False)
             n, n_t = counts(st)
             secs = st["critic_s"] + st["ref_s"] + st["train_s"]
-            # the epochs and the reference pass; the critic-value precompute is in the seconds, not in the FLOPs
-            # (its distinct prompts are not reported), so the share is a lower bound
-            flops = (st["epochs"] * _flops(st["tokens"], st["tokens_sq"], n, n_t, L, L_t, d, train=True)
-                     + _flops(st["tokens"], st["tokens_sq"], n, n_t, L, L_t, d, train=False))
+            # the epochs, the reference pass and the critic values, each counted by the stage
+            flops = st["flops"] + (st.get("ref_flops") or 0.0) + (st.get("critic_values_flops") or 0.0)
             return {"tokens": int(st["epochs"] * st["tokens"]), "seconds": secs, "flops": flops,
                     "steps": st["steps"], "params": (n, n_t),
                     "critic_s": st["critic_s"], "ref_s": st["ref_s"], "train_s": st["train_s"]}
@@ -188,7 +174,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
         stage("critic", critic)
         ours = stage("actor", actor)
         # re-measured after the stages: the best rate is the peak
-        peak = max(peak, matmul_peak_flops(n=PEAK_N[device], rounds=5, dtype=torch_dtype(m.dtype), device=device))
+        peak = max(peak, matmul_peak_flops(torch_dtype(m.dtype), device, n=PEAK_MATMUL_N[device], rounds=5))
         result = {"model": folder, "cpu": cpu, "dtype": m.dtype, "device": device, "peak_flops": peak,
                   "copy_bytes_per_s": bandwidth, "layers": L, "trained_layers": L_t, "samples": len(samples)}
         if official:

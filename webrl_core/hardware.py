@@ -16,6 +16,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import os
+import time
 from pathlib import Path
 
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
@@ -119,3 +120,35 @@ def auto_dtype(device: str = "auto", flags: frozenset[str] | None = None) -> tup
     if have:
         return "bfloat16", f"CPU has {', '.join(have)}"
     return "float32", f"CPU has neither {' nor '.join(BF16_CPU_FLAGS)} (bf16 would be emulated)"
+
+
+PEAK_MATMUL_N = {"cpu": 2048, "cuda": 8192}
+"""The side of the square matmul whose rate is a device's peak: large enough to reach the matrix units' rate (a
+2048 x 2048 bf16 product runs at the rate of larger ones on the CPUs measured, docs/benchmarks.md) and small enough
+to take about a second."""
+
+
+def matmul_peak_flops(dtype=None, device: str = "cpu", n: int | None = None, reps: int = 5, rounds: int = 3
+                      ) -> float:
+    """The device's matmul peak now: the best FLOP/s (2 n^3 per product) of ``rounds`` rounds of ``reps`` n x n
+    products in ``dtype`` (float32 when None; n: ``PEAK_MATMUL_N`` of the device's type). The share of the peak a
+    stage reaches is measured against it, on the same box and in the same run: a box's rate moves between hours
+    (the 2-core EPYCs of docs/benchmarks.md ran it at 210-437 GFLOP/s in one session)."""
+    import torch
+
+    dtype = dtype or torch.float32
+    n = n or PEAK_MATMUL_N[torch.device(device).type]
+    gen = torch.Generator(device).manual_seed(0)  # its own: a stage's draws stay as they were
+    a, b = (torch.randn(n, n, device=device, dtype=dtype, generator=gen) for _ in range(2))
+    torch.matmul(a, b)  # warm-up
+    best = 0.0
+    for _ in range(rounds):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(a, b)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t))
+    return best

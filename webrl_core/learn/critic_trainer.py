@@ -19,6 +19,7 @@ from transformers import Trainer, TrainingArguments, set_seed
 
 from webrl_core.learn import frozen_prefix
 from webrl_core.learn.critic import Critic, critic_examples, critic_loss
+from webrl_core.learn.model_flops import DecoderShape, flop_stats, lengths_sums
 from webrl_core.learn.models import left_pad, training_dtype
 from webrl_core.learn.trainer_utils import (_full_model, _loss_curve, _process_device, _trainer_args,
                                             critic_micro_batches, fit, progress_callbacks, trained_shape)
@@ -105,8 +106,10 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
                             callbacks=progress_callbacks("critic"))
     t0 = time.perf_counter()
     result = fit(trainer, "critic", settings.critic, settings.models.attn_implementation,
-                 compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts)
+                 compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts,
+                 compute_dtype=settings.models.dtype)
     train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
+    shape = DecoderShape.of(critic.backbone)
 
     full = _full_model(trainer, lambda: build("cpu"))
     if full is not None:
@@ -119,4 +122,6 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
             "train_s": round(train_s, 3), **trained_shape(result),
             "train_loss": result.training_loss, "steps": result.global_step,
             "tokens": int(sum(lengths) * c.epochs), "tokens_sq": int(sum(n * n for n in lengths) * c.epochs),
+            **flop_stats("", shape.pass_flops(*lengths_sums(lengths, c.epochs), result.metrics["cached"], train=True)
+                         if shape else None, train_s, result.metrics["peak_flops"]),
             **counts, "loss_curve": _loss_curve(trainer)}

@@ -64,6 +64,8 @@ class _Store:
     def __init__(self) -> None:
         self.rows: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.bytes = self.hits = self.misses = 0
+        # real tokens of the rows looked up, and the sum of their squares (a pass's FLOPs: model_flops.py)
+        self.tokens = {"hit_tokens": 0, "hit_tokens_sq": 0, "miss_tokens": 0, "miss_tokens_sq": 0}
         self.read_only = 0  # > 0 inside ``no_new_rows``
         self.lock = threading.Lock()
 
@@ -91,18 +93,34 @@ class _Store:
                 _, dropped = self.rows.popitem(last=False)
                 self.bytes -= dropped.numel() * dropped.element_size()
 
+    def count(self, hit: bool, n_tokens: int) -> None:
+        side = "hit" if hit else "miss"
+        with self.lock:
+            self.tokens[f"{side}_tokens"] += n_tokens
+            self.tokens[f"{side}_tokens_sq"] += n_tokens * n_tokens
+
     def clear(self) -> None:
         with self.lock:
             self.rows.clear()
             self.bytes = self.hits = self.misses = 0
+            self.tokens = dict.fromkeys(self.tokens, 0)
 
 
 STORE = _Store()
 
 
 def stats() -> dict[str, int]:
-    """Rows kept, their bytes, and the lookups that hit and missed since the process started (or ``clear``)."""
-    return {"rows": len(STORE.rows), "bytes": STORE.bytes, "hits": STORE.hits, "misses": STORE.misses}
+    """Rows kept, their bytes, and the lookups that hit and missed since the process started (or ``clear``), with
+    the real tokens of the rows that hit and missed and the sums of their squares (``hit_tokens``,
+    ``hit_tokens_sq``, ``miss_tokens``, ``miss_tokens_sq``)."""
+    return {"rows": len(STORE.rows), "bytes": STORE.bytes, "hits": STORE.hits, "misses": STORE.misses,
+            **STORE.tokens}
+
+
+def tokens_since(before: dict[str, int]) -> dict[str, int]:
+    """The token counts of ``stats()`` gained since ``before`` (an earlier ``stats()``): what a pass looked up."""
+    now = stats()
+    return {k: now[k] - before.get(k, 0) for k in STORE.tokens}
 
 
 def clear() -> None:
@@ -209,6 +227,8 @@ def hidden_states(decoder, prefix: FrozenPrefix, input_ids: torch.Tensor, attent
     keys = [key(ids_cpu[b][real_cpu[b]]) for b in range(input_ids.shape[0])]
     budget = budget_bytes()
     kept = [STORE.get(k) for k in keys]
+    for b, t in enumerate(kept):
+        STORE.count(t is not None, int(real_cpu[b].sum()))
     miss = [b for b, t in enumerate(kept) if t is None]
     hit = [b for b, t in enumerate(kept) if t is not None]
     parts, order = [], []

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from transformers import set_seed
 from trl import SFTConfig, SFTTrainer
 
+from webrl_core.learn.model_flops import DecoderShape, flop_stats, lengths_sums
 from webrl_core.learn.models import (count_parameters, encode_prompt_action, head_logits, last_hidden_states,
                                      load_causal_lm, load_tokenizer, save_model)
 from webrl_core.learn.trainer_utils import (_full_model, _loss_curve, _process_device, _trainer_args,
@@ -102,8 +103,12 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
                                        callbacks=progress_callbacks("sft") + list(callbacks or []))
     t0 = time.perf_counter()
     result = fit(trainer, "sft", settings.actor, settings.models.attn_implementation,
-                 compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts)
+                 compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts,
+                 compute_dtype=settings.models.dtype)
     train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
+    shape = DecoderShape.of(model)
+    flops = shape.pass_flops(*lengths_sums((len(r["input_ids"]) for r in rows), epochs), result.metrics["cached"],
+                             train=True) if shape else None
     full = _full_model(trainer, lambda: load_causal_lm(model_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))
     if full is not None:
@@ -113,4 +118,4 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     return {"n_pairs": len(pairs), "train_s": round(train_s, 3), **trained_shape(result),
             "train_loss": result.training_loss,
             "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * epochs),
-            **counts, "loss_curve": _loss_curve(trainer)}
+            **flop_stats("", flops, train_s, result.metrics["peak_flops"]), **counts, "loss_curve": _loss_curve(trainer)}

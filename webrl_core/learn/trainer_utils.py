@@ -45,8 +45,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
-from webrl_core.learn import box_measurements, micro_batch
-from webrl_core.learn.models import (attention_of, compile_layers, load_causal_lm, resolve_device,
+from webrl_core.learn import box_measurements, frozen_prefix, micro_batch
+from webrl_core.learn.models import (attention_of, compile_layers, load_causal_lm, resolve_device, torch_dtype,
                                      trainer_precision_args)
 from webrl_core.logs import is_verbose
 from webrl_core.runs import loss_history
@@ -158,7 +158,7 @@ def progress_callbacks(name: str) -> list:
 
 
 def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str = "auto", before_train=None,
-        compile_setting: str = "off", weight_casts: str = "per_micro_batch"):
+        compile_setting: str = "off", weight_casts: str = "per_micro_batch", compute_dtype: str | None = None):
     """``trainer.train()``; the progress display is stopped even when training raises. Without ``--verbose`` the
     Trainer's printed log dicts (``PrinterCallback``, added by ``disable_tqdm=True``) are dropped. ``stage`` and its
     config ``section`` (``batch_size``, ``grad_accum``, ``micro_batch_size``): where the section leaves the micro-batch
@@ -170,7 +170,11 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
     it will train (the actor's reference log-probs) goes there. ``compile_setting``: ``models.compile_layers``,
     applied after the calibration (which then times the eager layers and compiles nothing);
     ``result.metrics["compiled_layers"]`` says whether it compiled. ``weight_casts``: ``models.weight_casts``
-    (``per_step``: :func:`weight_casts_per_step` around the training of layers that run eager)."""
+    (``per_step``: :func:`weight_casts_per_step` around the training of layers that run eager).
+    ``result.metrics["cached"]``: what the training looked up in ``frozen_prefix``'s cache (its token counts);
+    ``["peak_flops"]``: with ``compute_dtype`` (``models.dtype``) and calibration on, the box's matmul peak in that
+    dtype, the better of a measurement just before the first step and one after the last (``model_flops``); their
+    seconds count in ``calibrate_s``."""
     if not is_verbose():
         trainer.remove_callback(PrinterCallback)
     fixed = getattr(section, "micro_batch_size", None)
@@ -191,8 +195,16 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
         # compiled layers cast inside their own code (and ran 1.6x slower in the outer context: 74 against 46 s for
         # the demo's first 30 SFT steps)
         per_step = weight_casts == "per_step" and not compiled
+        t0 = time.perf_counter()
+        peak = _peak_now(trainer, compute_dtype)
+        calibrate_s += time.perf_counter() - t0
+        looked_up = frozen_prefix.stats()
         with weight_casts_per_step(trainer) if per_step else contextlib.nullcontext():
             result = trainer.train()
+        result.metrics["cached"] = frozen_prefix.tokens_since(looked_up)
+        t0 = time.perf_counter()
+        result.metrics["peak_flops"] = max(peak, _peak_now(trainer, compute_dtype)) or None
+        calibrate_s += time.perf_counter() - t0
         result.metrics["calibrate_s"] = round(calibrate_s, 3)
         result.metrics["micro_batch_size"] = trainer.args.per_device_train_batch_size
         result.metrics["attention"] = attention_of(trainer.model) or ""
@@ -205,6 +217,16 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
             live = getattr(cb, "rich_group", None)  # RichProgressCallback's Live, None once on_train_end ran
             if live is not None:
                 live.stop()
+
+
+def _peak_now(trainer: Trainer, compute_dtype: str | None) -> float:
+    """The box's matmul peak in ``compute_dtype`` now, where the box's measurements are on (0.0 otherwise): a
+    second or two per stage, which the test suite (``WEBRL_CALIBRATE=0``) does not spend."""
+    if not compute_dtype or not box_measurements.enabled() or trainer.args.world_size > 1:
+        return 0.0
+    from webrl_core.hardware import matmul_peak_flops
+
+    return matmul_peak_flops(torch_dtype(compute_dtype), str(trainer.args.device))
 
 
 class _DropCastsAfterStep(TrainerCallback):
@@ -236,8 +258,10 @@ def weight_casts_per_step(trainer: Trainer):
 
 
 def trained_shape(result) -> dict:
-    """What ``fit`` trained at, for a stage's stats (MLflow: the micro-batch a metric, the kernel a tag)."""
-    return {k: result.metrics[k] for k in ("calibrate_s", "micro_batch_size", "attention", "compiled_layers")}
+    """What ``fit`` trained at, for a stage's stats (MLflow: the micro-batch a metric, the kernel a tag), and the
+    box's matmul peak it measured (``peak_flops``, absent when it measured none)."""
+    peak = {"peak_flops": result.metrics["peak_flops"]} if result.metrics.get("peak_flops") else {}
+    return {k: result.metrics[k] for k in ("calibrate_s", "micro_batch_size", "attention", "compiled_layers")} | peak
 
 
 def _loss_curve(trainer: Trainer) -> list[list[float]]:

@@ -89,6 +89,7 @@ from webrl_core.config import ActorTrainConfig
 from webrl_core.learn import advantage as adv_mod
 from webrl_core.learn import filtered_bc, frozen_prefix, grpo
 from webrl_core.learn.critic import Critic
+from webrl_core.learn.model_flops import DecoderShape, flop_stats, lengths_sums
 from webrl_core.learn.models import (apply_attention, autocast_context, count_parameters, encode_prompt_action,
                                      head_logits, last_hidden_states, left_pad, load_causal_lm, load_tokenizer,
                                      position_ids_from_mask, save_model)
@@ -394,11 +395,18 @@ def _sample_advantages(samples: list[dict], mode: str, cfg: WebRLConfig, critic_
     apply_attention(critic.backbone, settings.models, trainable=False)
     frozen_prefix.attach(critic.backbone, settings.models)  # the critic's epoch has seen these prompts
     t0 = time.perf_counter()
+    looked_up = frozen_prefix.stats()
     with autocast_context(settings.models, critic.device):  # the epoch's autocast: its cached rows are found
         v, nv = critic_values_for(samples, critic, settings, progress)
+    critic_s = time.perf_counter() - t0
+    # one pass over the distinct prompts (a batch measured first adds seconds, not FLOPs: a lower bound then)
+    shape = DecoderShape.of(critic.backbone)
+    prompts = {s["observation"] for s in samples} | {s["next_observation"] for s in samples}
+    flops = shape.pass_flops(*lengths_sums(len(ids) for ids in critic.encode(sorted(prompts))),
+                             frozen_prefix.tokens_since(looked_up)) if shape else None
     del critic  # freed before the actor is loaded: never two models in memory
     adv, mask = compute_advantages(samples, v, nv, cfg)
-    return adv, mask, v, {"critic_s": round(time.perf_counter() - t0, 3)}
+    return adv, mask, v, {"critic_s": round(critic_s, 3), "critic_values_flops": flops}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -437,7 +445,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     reuse = settings.actor.reuse_replay_logprobs
     n_tok = torch.tensor([r["n_action"] for r in rows], dtype=torch.float32)
     adv_k, mask_k = adv[keep], mask[keep]
-    ref: dict = {"s": 0.0, "prob": None, "reused": 0}
+    ref: dict = {"s": 0.0, "prob": None, "reused": 0, "flops": 0.0}
+    shape = DecoderShape.of(model)
 
     def reference_columns(trainer=None):
         """The phase-start actor's log-probs as dataset columns, computed by the model as it will train: after the
@@ -447,8 +456,11 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
         micro = trainer.args.per_device_train_batch_size if trainer else cfg.per_device_train_batch_size
 
         def ref_pass(r, per_token=False):
+            looked_up = frozen_prefix.stats()
             with autocast_context(models_cfg, next(model.parameters()).device):
                 out = sequence_logprobs(model, r, tok.pad_token_id, micro, progress, per_token)
+            ref["flops"] += shape.pass_flops(*lengths_sums(len(x["input_ids"]) for x in r),
+                                             frozen_prefix.tokens_since(looked_up)) if shape else 0.0
             return out if per_token else out.tolist()
 
         ref_logp = None  # filtered_bc has no reference: its pass would be pure cost
@@ -512,7 +524,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
                            max_completion_length=settings.policy.max_new_tokens)
     t2 = time.perf_counter()
     result = fit(trainer, "actor", settings.actor, settings.models.attn_implementation, reference_columns,
-                 settings.models.compile_layers, settings.models.weight_casts)
+                 settings.models.compile_layers, settings.models.weight_casts, settings.models.dtype)
     stats = stats_now()
     t_train = time.perf_counter() - t2 - result.metrics["calibrate_s"] - ref["s"]
     full = _full_model(trainer, lambda: load_causal_lm(actor_dir, models_cfg.model_copy(update={"device": "cpu"}),
@@ -523,7 +535,13 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     trainer.accelerator.wait_for_everyone()
     lengths = [len(r["input_ids"]) for r in rows]
     loss_stats = trainer.stat_means() if mode == "grpo" else {}
+    peak = result.metrics["peak_flops"]
+    epoch_flops = shape.pass_flops(*lengths_sums(lengths, cfg.num_train_epochs), result.metrics["cached"],
+                                   train=True) if shape else None
     return stats | loss_stats | {
         "train_s": round(t_train, 3), **trained_shape(result),
         "train_loss": result.training_loss, "steps": result.global_step, "tokens": sum(lengths),
-        "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs, "loss_curve": _loss_curve(trainer)}
+        "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs, "loss_curve": _loss_curve(trainer),
+        **flop_stats("", epoch_flops, t_train, peak),
+        **flop_stats("ref_", ref["flops"] or None, ref["s"], peak),
+        **flop_stats("critic_values_", mode_stats.get("critic_values_flops"), mode_stats.get("critic_s", 0.0), peak)}

@@ -360,8 +360,7 @@ class _PolicyLimit:
 
     def __init__(self, folder: str, settings, policy) -> None:
         from benchmarks.op_profile import copy_bandwidth
-        from webrl_core.hardware import matmul_peak_flops
-        from webrl_core.hardware import cpu_summary
+        from webrl_core.hardware import cpu_summary, matmul_peak_flops
         from webrl_core.learn.models import load_tokenizer, torch_dtype
 
         dtype = torch_dtype(settings.models.dtype)

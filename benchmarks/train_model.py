@@ -32,7 +32,7 @@ from rich.table import Table
 from benchmarks.op_profile import KINDS, copy_bandwidth, limit_seconds, profiled, unavoidable_bytes
 from benchmarks.train import official_stage, synthetic_trajectories
 from webrl_core.config_loader import load_config
-from webrl_core.hardware import PEAK_MATMUL_N, device_summary, matmul_peak_flops
+from webrl_core.hardware import device_summary, matmul_peak_flops
 from webrl_core.learn.critic_trainer import train_critic
 from webrl_core.learn.models import encode_prompt_action, load_tokenizer, torch_dtype
 from webrl_core.learn.sft_trainer import sft_train
@@ -106,7 +106,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
     m = settings.models
     folder = str(m.actor)
     device = "cuda" if m.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
-    peak = matmul_peak_flops(torch_dtype(m.dtype), device, n=PEAK_MATMUL_N[device], rounds=5)
+    peak = matmul_peak_flops(torch_dtype(m.dtype), device, rounds=5)
     samples = build_transitions(synthetic_trajectories(episodes, steps, html_chars, seed), gamma=0.9)
     pairs = [(s["observation"], s["action"]) for s in samples]
     tok = load_tokenizer(folder)
@@ -174,7 +174,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
         stage("critic", critic)
         ours = stage("actor", actor)
         # re-measured after the stages: the best rate is the peak
-        peak = max(peak, matmul_peak_flops(torch_dtype(m.dtype), device, n=PEAK_MATMUL_N[device], rounds=5))
+        peak = max(peak, matmul_peak_flops(torch_dtype(m.dtype), device, rounds=5))
         result = {"model": folder, "cpu": cpu, "dtype": m.dtype, "device": device, "peak_flops": peak,
                   "copy_bytes_per_s": bandwidth, "layers": L, "trained_layers": L_t, "samples": len(samples)}
         if official:

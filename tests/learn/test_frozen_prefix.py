@@ -4,25 +4,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from actor_samples import four_layer_model, two_click_transitions
 
-from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import frozen_prefix as FP
 from webrl_core.learn.critic import Critic
 from webrl_core.learn.models import (autocast_context, encode_prompt_action, last_hidden_states, left_pad,
                                      load_causal_lm, load_tokenizer)
-from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.prompts import build_prompt
+
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("frozen_prefix")
-    texts = [build_prompt(f"open item {i}", [], f"<button id={i}>Open {i}</button>") for i in range(40)]
-    train_embedded_tokenizer(texts, 400, root / "tok")
-    cfg = EmbeddedModelConfig(vocab_size=400, hidden_size=48, intermediate_size=96, num_layers=4, num_heads=2,
-                              max_length=512)
-    return build_embedded_model(root / "tok", cfg, root / "model", seed=3)
+    return four_layer_model(tmp_path_factory.mktemp("frozen_prefix"))
 
 
 @pytest.fixture(autouse=True)
@@ -195,23 +190,11 @@ def test_a_phase_runs_the_critic_values_and_the_actor_epoch_from_kept_states(fol
     """The critic's epoch keeps its prompts; the actor stage's critic values (a loaded critic) then hit every one;
     the reference pass keeps the prompt + action rows and the epoch hits them. In bfloat16 the epochs run under
     autocast, so the values pass must too (the cache key includes it)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from actor_samples import button_steps
-
     from webrl_core.learn.critic import critic_examples
     from webrl_core.learn.critic_trainer import train_critic
-    from webrl_core.learn.transitions import build_transitions
     from webrl_core.learn.webrl_trainer import train_actor
 
-    eps = []
-    for e in range(3):
-        ep = {"episode_id": f"e{e}", "success": e != 1, "intent": f"open item {e}"}
-        eps.append((ep, button_steps(ep["intent"], [f'do(action="Click", element="{e + k}")' for k in range(2)],
-                                     [f"<button id={e + k}>Open</button>" for k in range(2)])))
-    samples = build_transitions(eps)
+    samples = two_click_transitions()
     settings = _settings("models.max_length=256", "actor.batch_size=2", "critic.batch_size=2", f"models.dtype={dtype}")
     train_critic(samples, folder, tmp_path / "critic", settings)
     prompts = {e["prompt"] for e in critic_examples(samples)}

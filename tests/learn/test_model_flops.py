@@ -3,22 +3,14 @@ the peak they measured."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+from actor_samples import four_layer_model, two_click_transitions
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from webrl_core.config import EmbeddedModelConfig
 from webrl_core.config_loader import load_config
 from webrl_core.learn import frozen_prefix as FP
-from webrl_core.learn.embedded_model import build_embedded_model, train_embedded_tokenizer
 from webrl_core.learn.model_flops import DecoderShape, lengths_sums, share_of_peak
 from webrl_core.learn.models import encode_prompt, encode_prompt_action, load_causal_lm, load_tokenizer
-from webrl_core.prompts import build_prompt
-
-sys.path.insert(0, str(Path(__file__).parent))
-from actor_samples import button_steps  # noqa: E402
 
 
 def _llama(layers=4, trained=2):
@@ -60,23 +52,7 @@ def test_share_of_peak_is_absent_without_a_peak_or_seconds():
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("model_flops")
-    texts = [build_prompt(f"open item {i}", [], f"<button id={i}>Open {i}</button>") for i in range(40)]
-    train_embedded_tokenizer(texts, 400, root / "tok")
-    cfg = EmbeddedModelConfig(vocab_size=400, hidden_size=48, intermediate_size=96, num_layers=4, num_heads=2,
-                              max_length=512)
-    return build_embedded_model(root / "tok", cfg, root / "model", seed=3)
-
-
-def _samples():
-    from webrl_core.learn.transitions import build_transitions
-
-    eps = []
-    for e in range(3):
-        ep = {"episode_id": f"e{e}", "success": e != 1, "intent": f"open item {e}"}
-        eps.append((ep, button_steps(ep["intent"], [f'do(action="Click", element="{e + k}")' for k in range(2)],
-                                     [f"<button id={e + k}>Open</button>" for k in range(2)])))
-    return build_transitions(eps)
+    return four_layer_model(tmp_path_factory.mktemp("model_flops"))
 
 
 def test_a_phase_counts_the_bottom_layers_the_cache_spared(folder, tmp_path, monkeypatch):
@@ -87,7 +63,7 @@ def test_a_phase_counts_the_bottom_layers_the_cache_spared(folder, tmp_path, mon
 
     monkeypatch.setenv(FP.ENV, "64")
     FP.clear()
-    samples = _samples()
+    samples = two_click_transitions()
     settings = load_config(sets=["models.device=cpu", "models.dtype=float32", "models.train_layers=2",
                                  "models.max_length=256", "actor.batch_size=2", "critic.batch_size=2"])
     critic = train_critic(samples, folder, tmp_path / "critic", settings)
@@ -119,7 +95,7 @@ def test_a_stage_reports_its_share_of_the_peak_it_measured(folder, tmp_path, mon
     monkeypatch.setenv("WEBRL_CALIBRATE", "1")  # the peak is measured with the box's measurements on
     settings = load_config(sets=["models.device=cpu", "models.dtype=float32", "models.max_length=256",
                                  "actor.batch_size=2", "actor.micro_batch_size=2", "models.attn_implementation=sdpa"])
-    pairs = [(s["observation"], s["action"]) for s in _samples()]
+    pairs = [(s["observation"], s["action"]) for s in two_click_transitions()]
     stats = sft_train(pairs, folder, tmp_path / "sft", settings, epochs=1)
     tok = load_tokenizer(folder)
     lengths = [len(encode_prompt_action(tok, p, a, 256)["input_ids"]) for p, a in pairs]

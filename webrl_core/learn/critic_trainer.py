@@ -117,11 +117,11 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
         loss_history.write(out_dir, "critic", trainer.state)
     trainer.accelerator.wait_for_everyone()
     labels = [e["label"] for e in examples]
-    lengths = [r["length"] for r in rows]
+    tokens, tokens_sq = lengths_sums((r["length"] for r in rows), c.epochs)
     return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
             "train_s": round(train_s, 3), **trained_shape(result),
             "train_loss": result.training_loss, "steps": result.global_step,
-            "tokens": int(sum(lengths) * c.epochs), "tokens_sq": int(sum(n * n for n in lengths) * c.epochs),
-            **flop_stats("", shape.pass_flops(*lengths_sums(lengths, c.epochs), result.metrics["cached"], train=True)
+            "tokens": int(tokens), "tokens_sq": int(tokens_sq),
+            **flop_stats("", shape.pass_flops(tokens, tokens_sq, result.metrics["cached"], train=True)
                          if shape else None, train_s, result.metrics["peak_flops"]),
             **counts, "loss_curve": _loss_curve(trainer)}

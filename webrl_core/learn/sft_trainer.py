@@ -106,9 +106,9 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
                  compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts,
                  compute_dtype=settings.models.dtype)
     train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
+    tokens, tokens_sq = lengths_sums((len(r["input_ids"]) for r in rows), epochs)
     shape = DecoderShape.of(model)
-    flops = shape.pass_flops(*lengths_sums((len(r["input_ids"]) for r in rows), epochs), result.metrics["cached"],
-                             train=True) if shape else None
+    flops = shape.pass_flops(tokens, tokens_sq, result.metrics["cached"], train=True) if shape else None
     full = _full_model(trainer, lambda: load_causal_lm(model_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))
     if full is not None:
@@ -117,5 +117,5 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     trainer.accelerator.wait_for_everyone()
     return {"n_pairs": len(pairs), "train_s": round(train_s, 3), **trained_shape(result),
             "train_loss": result.training_loss,
-            "steps": result.global_step, "tokens": int(sum(len(r["input_ids"]) for r in rows) * epochs),
+            "steps": result.global_step, "tokens": int(tokens),
             **flop_stats("", flops, train_s, result.metrics["peak_flops"]), **counts, "loss_curve": _loss_curve(trainer)}

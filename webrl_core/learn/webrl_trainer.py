@@ -323,11 +323,16 @@ def sequence_logprobs(model, rows: list[dict], pad_id: int, batch_size: int = 8,
 # ---------------------------------------------------------------------------------------------
 # precompute (once per phase, before the epoch; sharded over processes under accelerate launch)
 
+def critic_prompts(samples: list[dict]) -> list[str]:
+    """The distinct prompts whose critic values a phase's samples need (their states and next states), sorted."""
+    return sorted({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
+
+
 def critic_values_for(samples: list[dict], critic: Critic, settings, progress: bool = True
                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """(V(s), V(s')) for every sample, running the critic once per distinct prompt (no grad), in batches measured
     on a CPU (``Critic.values``)."""
-    prompts = sorted({s["observation"] for s in samples} | {s["next_observation"] for s in samples})
+    prompts = critic_prompts(samples)
 
     def run(ps):
         return critic.values(ps, progress=progress)[0].tolist()
@@ -401,8 +406,7 @@ def _sample_advantages(samples: list[dict], mode: str, cfg: WebRLConfig, critic_
     critic_s = time.perf_counter() - t0
     # one pass over the distinct prompts (a batch measured first adds seconds, not FLOPs: a lower bound then)
     shape = DecoderShape.of(critic.backbone)
-    prompts = {s["observation"] for s in samples} | {s["next_observation"] for s in samples}
-    flops = shape.pass_flops(*lengths_sums(len(ids) for ids in critic.encode(sorted(prompts))),
+    flops = shape.pass_flops(*lengths_sums(len(ids) for ids in critic.encode(critic_prompts(samples))),
                              frozen_prefix.tokens_since(looked_up)) if shape else None
     del critic  # freed before the actor is loaded: never two models in memory
     adv, mask = compute_advantages(samples, v, nv, cfg)
@@ -533,15 +537,16 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
         save_model(full, tok, out_dir)
         loss_history.write(out_dir, "actor", trainer.state)
     trainer.accelerator.wait_for_everyone()
-    lengths = [len(r["input_ids"]) for r in rows]
+    tokens, tokens_sq = lengths_sums(len(r["input_ids"]) for r in rows)
     loss_stats = trainer.stat_means() if mode == "grpo" else {}
     peak = result.metrics["peak_flops"]
-    epoch_flops = shape.pass_flops(*lengths_sums(lengths, cfg.num_train_epochs), result.metrics["cached"],
+    epochs = cfg.num_train_epochs
+    epoch_flops = shape.pass_flops(epochs * tokens, epochs * tokens_sq, result.metrics["cached"],
                                    train=True) if shape else None
     return stats | loss_stats | {
         "train_s": round(t_train, 3), **trained_shape(result),
-        "train_loss": result.training_loss, "steps": result.global_step, "tokens": sum(lengths),
-        "tokens_sq": sum(n * n for n in lengths), "epochs": cfg.num_train_epochs, "loss_curve": _loss_curve(trainer),
+        "train_loss": result.training_loss, "steps": result.global_step, "tokens": int(tokens),
+        "tokens_sq": int(tokens_sq), "epochs": epochs, "loss_curve": _loss_curve(trainer),
         **flop_stats("", epoch_flops, t_train, peak),
         **flop_stats("ref_", ref["flops"] or None, ref["s"], peak),
         **flop_stats("critic_values_", mode_stats.get("critic_values_flops"), mode_stats.get("critic_s", 0.0), peak)}

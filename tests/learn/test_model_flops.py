@@ -103,3 +103,19 @@ def test_a_stage_reports_its_share_of_the_peak_it_measured(folder, tmp_path, mon
     assert stats["flops"] == pytest.approx(DecoderShape.of(model).pass_flops(*lengths_sums(lengths), train=True))
     assert stats["peak_flops"] > 1e8
     assert stats["share_of_peak"] == pytest.approx(stats["flops"] / stats["train_s"] / stats["peak_flops"], rel=1e-3)
+
+
+def test_a_stage_cut_by_max_steps_counts_the_rows_it_passed_over(folder, tmp_path):
+    from webrl_core.learn.sft_trainer import sft_train
+
+    settings = load_config(sets=["models.device=cpu", "models.dtype=float32", "models.max_length=256",
+                                 "actor.batch_size=2", "actor.micro_batch_size=2", "models.attn_implementation=sdpa"])
+    pairs = [(s["observation"], s["action"]) for s in two_click_transitions()]
+    assert len(pairs) > 2  # one step of 2 rows is a part of one epoch
+    stats = sft_train(pairs, folder, tmp_path / "sft", settings, max_steps=1, epochs=3)
+    tok = load_tokenizer(folder)
+    lengths = [len(encode_prompt_action(tok, p, a, 256)["input_ids"]) for p, a in pairs]
+    model = load_causal_lm(folder, settings.models, trainable=True)
+    assert stats["steps"] == 1
+    assert stats["flops"] == pytest.approx(DecoderShape.of(model).pass_flops(*lengths_sums(lengths, 2 / len(pairs)),
+                                                                              train=True))

@@ -22,7 +22,8 @@ from webrl_core.learn.critic import Critic, critic_examples, critic_loss
 from webrl_core.learn.model_flops import DecoderShape, flop_stats, lengths_sums
 from webrl_core.learn.models import left_pad, training_dtype
 from webrl_core.learn.trainer_utils import (_full_model, _loss_curve, _process_device, _trainer_args,
-                                            critic_micro_batches, fit, progress_callbacks, trained_shape)
+                                            critic_micro_batches, fit, passes_over_rows, progress_callbacks,
+                                            trained_shape)
 from webrl_core.runs import loss_history
 
 
@@ -117,7 +118,8 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
         loss_history.write(out_dir, "critic", trainer.state)
     trainer.accelerator.wait_for_everyone()
     labels = [e["label"] for e in examples]
-    tokens, tokens_sq = lengths_sums((r["length"] for r in rows), c.epochs)
+    tokens, tokens_sq = lengths_sums((r["length"] for r in rows),
+                                     passes_over_rows(trainer, result.global_step, len(rows)))
     return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
             "train_s": round(train_s, 3), **trained_shape(result),
             "train_loss": result.training_loss, "steps": result.global_step,

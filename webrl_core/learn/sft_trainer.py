@@ -29,7 +29,8 @@ from webrl_core.learn.model_flops import DecoderShape, flop_stats, lengths_sums
 from webrl_core.learn.models import (count_parameters, encode_prompt_action, head_logits, last_hidden_states,
                                      load_causal_lm, load_tokenizer, save_model)
 from webrl_core.learn.trainer_utils import (_full_model, _loss_curve, _process_device, _trainer_args,
-                                            actor_micro_batches, fit, progress_callbacks, trained_shape)
+                                            actor_micro_batches, fit, passes_over_rows, progress_callbacks,
+                                            trained_shape)
 from webrl_core.runs import loss_history
 
 
@@ -106,7 +107,8 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
                  compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts,
                  compute_dtype=settings.models.dtype)
     train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
-    tokens, tokens_sq = lengths_sums((len(r["input_ids"]) for r in rows), epochs)
+    tokens, tokens_sq = lengths_sums((len(r["input_ids"]) for r in rows),
+                                     passes_over_rows(trainer, result.global_step, len(rows)))
     shape = DecoderShape.of(model)
     flops = shape.pass_flops(tokens, tokens_sq, result.metrics["cached"], train=True) if shape else None
     full = _full_model(trainer, lambda: load_causal_lm(model_dir, models_cfg.model_copy(update={"device": "cpu"}),

@@ -219,6 +219,18 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
                 live.stop()
 
 
+def passes_over_rows(trainer: Trainer, global_step: int, n_rows: int) -> float:
+    """How many times the finished training passed over its ``n_rows`` rows: its epochs, or, where ``max_steps``
+    cut it, the optimizer steps it ran times their rows (every process's) over ``n_rows``. A stage's FLOPs are its
+    rows' lengths summed this many times (``model_flops.lengths_sums``); a run of 8 steps over a 400-row set passed
+    over a fraction of the rows, not their epochs."""
+    args = trainer.args
+    if not args.max_steps or args.max_steps <= 0 or not n_rows:
+        return float(args.num_train_epochs)
+    rows = global_step * args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    return rows / n_rows
+
+
 def _peak_now(trainer: Trainer, compute_dtype: str | None) -> float:
     """The box's matmul peak in ``compute_dtype`` now, where the box's measurements are on (0.0 otherwise): a
     second or two per stage, which the test suite (``WEBRL_CALIBRATE=0``) does not spend."""

@@ -95,7 +95,7 @@ from webrl_core.learn.models import (apply_attention, autocast_context, count_pa
                                      position_ids_from_mask, save_model)
 from webrl_core.learn.trainer_utils import (_dist_map, _fields_of, _full_model, _is_main_process, _loss_curve,
                                             _process_device, _trainer_args, _whole_models, actor_micro_batches, fit,
-                                            progress_callbacks, trained_shape)
+                                            passes_over_rows, progress_callbacks, trained_shape)
 from webrl_core.runs import loss_history
 
 
@@ -541,7 +541,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     loss_stats = trainer.stat_means() if mode == "grpo" else {}
     peak = result.metrics["peak_flops"]
     epochs = cfg.num_train_epochs
-    epoch_flops = shape.pass_flops(epochs * tokens, epochs * tokens_sq, result.metrics["cached"],
+    passes = passes_over_rows(trainer, result.global_step, len(rows))
+    epoch_flops = shape.pass_flops(passes * tokens, passes * tokens_sq, result.metrics["cached"],
                                    train=True) if shape else None
     return stats | loss_stats | {
         "train_s": round(t_train, 3), **trained_shape(result),

@@ -101,22 +101,6 @@ def profiled(fn, device: str = "cpu"):
     return result, time_split(prof.events(), wall, device_time=device != "cpu"), wall, top_ops(prof)
 
 
-def copy_bandwidth(mb: int = 64, rounds: int = 5, dtype: torch.dtype = torch.float32, device: str = "cpu") -> float:
-    """Best bytes/s (read + written) of a ``dst.copy_(src)`` of ``mb`` MB in ``dtype`` on ``device`` now (on a GPU,
-    give ``mb`` several times its L2 cache, or the copy measures the cache)."""
-    n = mb * 2 ** 20 // torch.tensor([], dtype=dtype).element_size()
-    src, dst = torch.randn(n, device=device).to(dtype), torch.empty(n, dtype=dtype, device=device)
-    dst.copy_(src)
-    best = 0.0
-    for _ in range(rounds):
-        _sync(device)
-        t = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        best = max(best, 2 * src.numel() * src.element_size() / (time.perf_counter() - t))
-    return best
-
-
 def _sync(device: str) -> None:
     if device != "cpu":
         torch.cuda.synchronize()

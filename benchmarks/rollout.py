@@ -359,8 +359,7 @@ class _PolicyLimit:
     bandwidth measured once (``cpu``, ``peak_flops`` and ``copy_bytes_per_s`` go into every row)."""
 
     def __init__(self, folder: str, settings, policy) -> None:
-        from benchmarks.op_profile import copy_bandwidth
-        from webrl_core.hardware import cpu_summary, matmul_peak_flops
+        from webrl_core.hardware import copy_bandwidth, cpu_summary, matmul_peak_flops
         from webrl_core.learn.models import load_tokenizer, torch_dtype
 
         dtype = torch_dtype(settings.models.dtype)

@@ -29,20 +29,15 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.op_profile import KINDS, copy_bandwidth, limit_seconds, profiled, unavoidable_bytes
+from benchmarks.op_profile import KINDS, limit_seconds, profiled, unavoidable_bytes
 from benchmarks.train import official_stage, synthetic_trajectories
 from webrl_core.config_loader import load_config
-from webrl_core.hardware import device_summary, matmul_peak_flops
+from webrl_core.hardware import copy_bandwidth, device_summary, matmul_peak_flops
 from webrl_core.learn.critic_trainer import train_critic
 from webrl_core.learn.models import encode_prompt_action, load_tokenizer, torch_dtype
 from webrl_core.learn.sft_trainer import sft_train
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.learn.webrl_trainer import train_actor
-
-# The copy that measures the bandwidth, per device: a 64 MB copy on a GPU measures its 60 MB L2 cache, not its
-# memory. (The peak's matmul: hardware.PEAK_MATMUL_N.)
-COPY_MB = {"cpu": 64, "cuda": 2048}
-
 
 def random_init(src: str | Path, dest: str | Path, seed: int = 0, **fields) -> str:
     """A model folder with ``src``'s tokenizer and config, ``fields`` overriding the config's (``hidden_size=2048``,
@@ -115,7 +110,7 @@ def run(model: str, config: str = "demo", sets: list[str] | None = None, episode
     L_t = min(m.train_layers, L) if m.train_layers else L
     pair_lens = [len(encode_prompt_action(tok, p, a, m.max_length)["input_ids"]) for p, a in pairs]
     cpu = device_summary(device)
-    bandwidth = copy_bandwidth(mb=COPY_MB[device], device=device)
+    bandwidth = copy_bandwidth(device=device)
     console.print(f"{cpu}; copy bandwidth {bandwidth / 1e9:.1f} GB/s (read + written)")
     console.print(f"model {folder}: {L} layers, hidden {d}, training the top {L_t}; {m.dtype} ({m.dtype_why}); "
                   f"{len(samples)} samples, median {sorted(pair_lens)[len(pair_lens) // 2]} tokens; "

@@ -1,4 +1,4 @@
-"""webrl_core/hardware.py: the CPU named in figures and in the keys of the box's kept measurements."""
+"""webrl_core/hardware.py: the CPU named in figures and in the keys of the box's kept measurements; the box's rates."""
 
 from __future__ import annotations
 
@@ -40,3 +40,17 @@ def test_the_bf16_path_and_a_missing_name_come_from_the_text_given():
 
 def test_this_box_is_named_as_its_cpuinfo_says():
     assert cpu_summary() == cpu_summary(open("/proc/cpuinfo").read())
+
+
+def test_the_box_rates_are_measured_without_drawing_from_the_global_rng():
+    import torch
+
+    from webrl_core.hardware import copy_bandwidth, matmul_peak_flops
+
+    torch.manual_seed(3)
+    expected = torch.rand(4)
+    torch.manual_seed(3)
+    peak, bandwidth = matmul_peak_flops(n=128, reps=2, rounds=2), copy_bandwidth(mb=4, rounds=2)
+    assert torch.equal(torch.rand(4), expected)  # a stage measures them between its draws
+    # 2 n^3 FLOPs a product and 2 bytes a copied byte: rates, not seconds (loose: the suite runs beside itself)
+    assert peak > 1e7 and bandwidth > 1e7

@@ -152,3 +152,31 @@ def matmul_peak_flops(dtype=None, device: str = "cpu", n: int | None = None, rep
             torch.cuda.synchronize()
         best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t))
     return best
+
+
+COPY_MB = {"cpu": 64, "cuda": 2048}
+"""The size in MB of the copy whose rate is a device's copy bandwidth: several times its caches (a 64 MB copy on an
+H200 measures its 60 MB L2 cache, not its memory)."""
+
+
+def copy_bandwidth(mb: int | None = None, rounds: int = 5, dtype=None, device: str = "cpu") -> float:
+    """The device's copy bandwidth now: the best bytes/s (read + written) of ``rounds`` ``dst.copy_(src)`` of ``mb``
+    MB (``COPY_MB`` of the device's type) in ``dtype`` (float32 when None). Beside ``matmul_peak_flops`` it tells a
+    slow hour that moves bytes slowly from one whose matrix units are slow. Draws no random numbers."""
+    import torch
+
+    dtype = dtype or torch.float32
+    mb = mb or COPY_MB[torch.device(device).type]
+    n = mb * 2 ** 20 // torch.tensor([], dtype=dtype).element_size()
+    src, dst = torch.ones(n, dtype=dtype, device=device), torch.empty(n, dtype=dtype, device=device)
+    dst.copy_(src)  # warm-up: the pages are touched
+    best = 0.0
+    for _ in range(rounds):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        dst.copy_(src)
+        if device != "cpu":
+            torch.cuda.synchronize()
+        best = max(best, 2 * src.numel() * src.element_size() / (time.perf_counter() - t))
+    return best

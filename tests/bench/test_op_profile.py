@@ -45,4 +45,3 @@ def test_limits_and_bytes():
     assert P.unavoidable_bytes(100, 10, 2, steps=3) == 3 * (90 * 2 + 10 * 40)
     lim = P.limit_seconds(flops=2e9, peak_flops=1e9, bytes_=1e9, bandwidth=1e10)
     assert lim == {"compute_s": 2.0, "memory_s": 0.1, "limit_s": 2.0, "bound": "compute"}
-    assert P.copy_bandwidth(mb=8, rounds=2) > 1e8

@@ -173,8 +173,9 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
     (``per_step``: :func:`weight_casts_per_step` around the training of layers that run eager).
     ``result.metrics["cached"]``: what the training looked up in ``frozen_prefix``'s cache (its token counts);
     ``["peak_flops"]``: with ``compute_dtype`` (``models.dtype``) and calibration on, the box's matmul peak in that
-    dtype, the better of a measurement just before the first step and one after the last (``model_flops``); their
-    seconds count in ``calibrate_s``."""
+    dtype, the better of a measurement just before the first step and one after the last (``model_flops``), and
+    ``["copy_bytes_per_s"]`` the copy bandwidth beside it (a slow hour on a shared host can move bytes slowly while
+    the matrix units keep their rate); their seconds count in ``calibrate_s``."""
     if not is_verbose():
         trainer.remove_callback(PrinterCallback)
     fixed = getattr(section, "micro_batch_size", None)
@@ -196,14 +197,16 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
         # the demo's first 30 SFT steps)
         per_step = weight_casts == "per_step" and not compiled
         t0 = time.perf_counter()
-        peak = _peak_now(trainer, compute_dtype)
+        before = _box_rates_now(trainer, compute_dtype)
         calibrate_s += time.perf_counter() - t0
         looked_up = frozen_prefix.stats()
         with weight_casts_per_step(trainer) if per_step else contextlib.nullcontext():
             result = trainer.train()
         result.metrics["cached"] = frozen_prefix.tokens_since(looked_up)
         t0 = time.perf_counter()
-        result.metrics["peak_flops"] = max(peak, _peak_now(trainer, compute_dtype)) or None
+        after = _box_rates_now(trainer, compute_dtype)
+        result.metrics["peak_flops"] = max(before[0], after[0]) or None
+        result.metrics["copy_bytes_per_s"] = max(before[1], after[1]) or None
         calibrate_s += time.perf_counter() - t0
         result.metrics["calibrate_s"] = round(calibrate_s, 3)
         result.metrics["micro_batch_size"] = trainer.args.per_device_train_batch_size
@@ -231,14 +234,16 @@ def passes_over_rows(trainer: Trainer, global_step: int, n_rows: int) -> float:
     return rows / n_rows
 
 
-def _peak_now(trainer: Trainer, compute_dtype: str | None) -> float:
-    """The box's matmul peak in ``compute_dtype`` now, where the box's measurements are on (0.0 otherwise): a
-    second or two per stage, which the test suite (``WEBRL_CALIBRATE=0``) does not spend."""
+def _box_rates_now(trainer: Trainer, compute_dtype: str | None) -> tuple[float, float]:
+    """The box's matmul peak in ``compute_dtype`` and its copy bandwidth in that dtype now, where the box's
+    measurements are on ((0.0, 0.0) otherwise): a second or two per stage, which the test suite
+    (``WEBRL_CALIBRATE=0``) does not spend."""
     if not compute_dtype or not box_measurements.enabled() or trainer.args.world_size > 1:
-        return 0.0
-    from webrl_core.hardware import matmul_peak_flops
+        return 0.0, 0.0
+    from webrl_core.hardware import copy_bandwidth, matmul_peak_flops
 
-    return matmul_peak_flops(torch_dtype(compute_dtype), str(trainer.args.device))
+    dtype, device = torch_dtype(compute_dtype), str(trainer.args.device)
+    return matmul_peak_flops(dtype, device), copy_bandwidth(dtype=dtype, device=device)
 
 
 class _DropCastsAfterStep(TrainerCallback):
@@ -271,8 +276,9 @@ def weight_casts_per_step(trainer: Trainer):
 
 def trained_shape(result) -> dict:
     """What ``fit`` trained at, for a stage's stats (MLflow: the micro-batch a metric, the kernel a tag), and the
-    box's matmul peak it measured (``peak_flops``, absent when it measured none)."""
-    peak = {"peak_flops": result.metrics["peak_flops"]} if result.metrics.get("peak_flops") else {}
+    box's matmul peak and copy bandwidth it measured (``peak_flops``, ``copy_bytes_per_s``: absent when it measured
+    none)."""
+    peak = {k: result.metrics[k] for k in ("peak_flops", "copy_bytes_per_s") if result.metrics.get(k)}
     return {k: result.metrics[k] for k in ("calibrate_s", "micro_batch_size", "attention", "compiled_layers")} | peak
 
 

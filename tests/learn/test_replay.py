@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 import torch
@@ -107,6 +108,9 @@ def test_score_replay_end_to_end(model):
                                    max_length=512, batch_size=4, scoring="all")
     assert stats["candidates"] == 7 and stats["scored"] == 6 and stats["deduplicated"] == 6 and stats["in_window"] == 4
     assert stats["selected"] == len(selected) == 3
+    lengths = [len(encode_prompt_action(tok, p, a, 512)["input_ids"]) for p, a in ps]  # the scored rows' tokens
+    assert (stats["scored_tokens"], stats["scored_tokens_sq"]) == (sum(lengths), sum(n * n for n in lengths))
+    assert stats["score_s"] > 0
     for r in selected:
         i = int(r["episode_id"][1:])
         assert r["rank_score"] == pytest.approx(scores[i]) and scores[i] > lo
@@ -126,6 +130,10 @@ def test_scoring_until_the_cap_scores_less_and_draws_from_the_same_window(model)
     picked, stats = score_replay(cands, m, tok, n_current_steps=2, low=lo, high=1.0, cap_ratio=1.0,
                                  max_length=512, batch_size=2, scoring="until_cap")
     assert stats["selected"] == len(picked) == 2 and stats["scored"] == 32 < stats["deduplicated"] == 40
+    order = list(range(40))
+    random.Random(0).shuffle(order)  # the seeded order until_cap scores in: its first 32 were scored
+    lengths = [len(encode_prompt_action(tok, *ps[i], 512)["input_ids"]) for i in order[:32]]
+    assert (stats["scored_tokens"], stats["scored_tokens_sq"]) == (sum(lengths), sum(n * n for n in lengths))
     for r in picked:
         assert r["episode_id"] in window and r["rank_score"] == pytest.approx(scores[int(r["episode_id"][1:])])
     whole, _ = score_replay(cands, m, tok, n_current_steps=100, low=lo, high=1.0, max_length=512, scoring="until_cap")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from webrl_core.learn import frozen_prefix
+from webrl_core.learn import box_measurements, frozen_prefix
 
 
 @dataclass(frozen=True)
@@ -97,3 +97,17 @@ def flop_stats(prefix: str, flops: float | None, seconds: float, peak_flops: flo
     """``{prefix}flops`` and ``{prefix}share_of_peak`` of a pass, for a stage's stats (MLflow metrics)."""
     share = share_of_peak(flops, seconds, peak_flops)
     return {f"{prefix}flops": flops, **({f"{prefix}share_of_peak": share} if share is not None else {})}
+
+
+def box_rates(compute_dtype: str | None, device: str = "cpu") -> tuple[float, float]:
+    """The box's matmul peak (FLOP/s) in ``compute_dtype`` (``models.dtype``) and its copy bandwidth (bytes/s) in
+    that dtype now, where the box's measurements are on; (0.0, 0.0) otherwise. A second or two, which the test suite
+    (``WEBRL_CALIBRATE=0``) does not spend."""
+    if not compute_dtype or not box_measurements.enabled():
+        return 0.0, 0.0
+    from webrl_core.hardware import copy_bandwidth, matmul_peak_flops
+    from webrl_core.learn.models import torch_dtype
+
+    dtype = torch_dtype(compute_dtype)
+    return matmul_peak_flops(dtype, device), copy_bandwidth(dtype=dtype, device=device)
+

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from typing import Iterable, Sequence
 
 import torch
@@ -140,26 +141,39 @@ def score_replay(candidates: Sequence[dict], model, tok, n_current_steps: int, l
         batch_size = scoring_batch("replay", model, [len(p) + len(a) for p, a in pairs],
                                    lambda idx, b: inverse_perplexity(model, tok, [pairs[i] for i in idx], max_length,
                                                                      b), 8)
+    t0 = time.perf_counter()
     if scoring == "all":
         scores = inverse_perplexity(model, tok, [(r["prompt"], r["response"]) for r in unique], max_length,
                                     batch_size, progress) if unique else []
         selected = select_replay(unique, scores, n_current_steps, low, high, cap_ratio, seed)
+        scored = list(unique)
     else:
         selected, scores = _score_until_cap(unique, model, tok, cap, low, high, max_length, batch_size, seed,
                                             progress)
+        scored = [unique[i] for i in _shuffled(len(unique), seed)[:len(scores)]]
+    score_s = time.perf_counter() - t0
+    lengths = [len(encode_prompt_action(tok, r["prompt"], r["response"], max_length)["input_ids"]) for r in scored]
     in_window = sum(low < s <= high for s in scores)
     stats = {"candidates": len(candidates), "deduplicated": len(unique), "scored": len(scores),
              "in_window": in_window, "selected": len(selected), "cap": cap,
-             "mean_rank_score": sum(scores) / len(scores) if scores else float("nan")}
+             "mean_rank_score": sum(scores) / len(scores) if scores else float("nan"),
+             # the scoring pass's seconds (the batch's measurement left out) and its rows' tokens, for its FLOPs
+             "score_s": score_s, "scored_tokens": sum(lengths), "scored_tokens_sq": sum(n * n for n in lengths)}
     return selected, stats
+
+
+def _shuffled(n: int, seed: int) -> list[int]:
+    """``until_cap``'s scoring order of ``n`` de-duplicated steps."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return order
 
 
 def _score_until_cap(unique: Sequence[dict], model, tok, cap: int, low: float, high: float, max_length: int,
                      batch_size: int, seed: int, progress: bool) -> tuple[list[dict], list[float]]:
     """Shuffle with ``seed``, score in chunks of a few micro-batches (length-sorted within a chunk), keep in-window
     steps in shuffled order until ``cap`` are kept. Returns (selected rows with rank_score, the scores computed)."""
-    order = list(range(len(unique)))
-    random.Random(seed).shuffle(order)
+    order = _shuffled(len(unique), seed)
     chunk = max(4 * batch_size, 32)
     selected: list[dict] = []
     scores: list[float] = []

@@ -46,6 +46,7 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
 from webrl_core.learn import box_measurements, frozen_prefix, micro_batch
+from webrl_core.learn.model_flops import box_rates
 from webrl_core.learn.models import (attention_of, compile_layers, load_causal_lm, resolve_device, torch_dtype,
                                      trainer_precision_args)
 from webrl_core.logs import is_verbose
@@ -235,15 +236,10 @@ def passes_over_rows(trainer: Trainer, global_step: int, n_rows: int) -> float:
 
 
 def _box_rates_now(trainer: Trainer, compute_dtype: str | None) -> tuple[float, float]:
-    """The box's matmul peak in ``compute_dtype`` and its copy bandwidth in that dtype now, where the box's
-    measurements are on ((0.0, 0.0) otherwise): a second or two per stage, which the test suite
-    (``WEBRL_CALIBRATE=0``) does not spend."""
-    if not compute_dtype or not box_measurements.enabled() or trainer.args.world_size > 1:
+    """``model_flops.box_rates`` on the trainer's device, where it trains in one process ((0.0, 0.0) otherwise)."""
+    if trainer.args.world_size > 1:
         return 0.0, 0.0
-    from webrl_core.hardware import copy_bandwidth, matmul_peak_flops
-
-    dtype, device = torch_dtype(compute_dtype), str(trainer.args.device)
-    return matmul_peak_flops(dtype, device), copy_bandwidth(dtype=dtype, device=device)
+    return box_rates(compute_dtype, str(trainer.args.device))
 
 
 class _DropCastsAfterStep(TrainerCallback):

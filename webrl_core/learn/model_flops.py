@@ -110,4 +110,3 @@ def box_rates(compute_dtype: str | None, device: str = "cpu") -> tuple[float, fl
 
     dtype = torch_dtype(compute_dtype)
     return matmul_peak_flops(dtype, device), copy_bandwidth(dtype=dtype, device=device)
-

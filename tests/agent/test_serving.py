@@ -108,6 +108,43 @@ def test_an_engine_that_exits_fails_with_its_log(tmp_path):
             pass
 
 
+def test_a_port_taken_between_its_probe_and_the_engine_is_picked_again(tmp_path, monkeypatch):
+    """Another process can take the port ``served_actor`` probed free before the engine binds it (two stages of
+    two runs starting at once): the engine's "address already in use" exit starts it again on a new port."""
+    import webrl_core.agent.serving as serving
+
+    actor = tiny_actor(tmp_path)
+    s = settings_for(tmp_path, "serving.engine=webrl")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        taken = holder.getsockname()[1]
+        picks = iter([taken])
+        monkeypatch.setattr(serving, "_free_port", lambda host: next(picks, None) or serving_free(host))
+        with served_actor(s, actor, tmp_path) as ep:
+            assert f":{taken}/" not in ep.base_url and port_open(ep.base_url)
+    log = (tmp_path / "serving" / f"webrl-{actor.sha256[:12]}.log").read_text().lower()
+    assert log.count("=== ") == 2 and "address already in use" in log
+
+
+def serving_free(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def test_an_engine_on_a_taken_port_it_was_given_fails_at_once(tmp_path):
+    actor = tiny_actor(tmp_path)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        s = settings_for(tmp_path, "serving.engine=webrl", f"serving.port={holder.getsockname()[1]}")
+        with pytest.raises(ServingError, match="exited with code"):
+            with served_actor(s, actor, tmp_path):
+                pass
+    assert (tmp_path / "serving" / f"webrl-{actor.sha256[:12]}.log").read_text().count("=== ") == 1
+
+
 def test_unknown_placeholder_in_the_command_is_named(tmp_path):
     s = settings_for(tmp_path, "serving.command='{python} -m x --gpus {gpus}'")
     with pytest.raises(ServingError, match="unknown placeholder 'gpus'"):

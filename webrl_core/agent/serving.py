@@ -177,15 +177,46 @@ def served_actor(settings: Any, actor_ref: ArtifactRef, run_dir: str | Path) -> 
         verify_endpoint(base_url, name, actor_ref, settings.policy.api_key_env)
         yield Endpoint(base_url.rstrip("/"), name, served_policy_digest("external", name, actor_ref), "external")
         return
-    port = sv.port or _free_port(sv.host)
-    argv = engine_command(settings, str(Path(actor_ref.path).resolve()), port)
     log_dir = Path(run_dir) / "serving"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{sv.engine}-{actor_ref.sha256[:12]}.log"
-    host = f"[{sv.host}]" if ":" in sv.host else sv.host
-    base_url = f"http://{host}:{port}/v1"
     sized = cpu_kv_cache_env(settings, actor_ref.path)  # logged; serving.env is not (it may hold secrets)
+    for attempt in range(1 if sv.port else PORT_ATTEMPTS):
+        port = sv.port or _free_port(sv.host)
+        host = f"[{sv.host}]" if ":" in sv.host else sv.host
+        base_url = f"http://{host}:{port}/v1"
+        proc, guard, started_at = _start_engine(settings, actor_ref, port, log_path, sized)
+        try:
+            _wait_until_serving(proc, base_url, sv, log_path)
+            break
+        except ServingError:
+            _stop_engine(proc, guard)
+            # a port picked free can be taken before the engine binds it (another process probed it too)
+            if sv.port or attempt == PORT_ATTEMPTS - 1 or not _port_taken(log_path, started_at):
+                raise
+        except BaseException:
+            _stop_engine(proc, guard)
+            raise
+    try:
+        verify_endpoint(base_url, sv.served_model_name, actor_ref)
+        yield Endpoint(base_url, sv.served_model_name,
+                       served_policy_digest(sv.engine, sv.served_model_name, actor_ref), sv.engine)
+    finally:
+        _stop_engine(proc, guard)
+
+
+PORT_ATTEMPTS = 3
+"""Starts of an engine on a port picked free, each on a new one, while the last failed with its port taken."""
+
+
+def _start_engine(settings: Any, actor_ref: ArtifactRef, port: int, log_path: Path, sized: dict
+                  ) -> tuple[subprocess.Popen, subprocess.Popen, int]:
+    """The engine serving ``actor_ref`` on ``port``, its output appended to ``log_path`` (from byte ``started_at``),
+    and its guard process."""
+    sv = settings.serving
+    argv = engine_command(settings, str(Path(actor_ref.path).resolve()), port)
     with open(log_path, "ab") as log:
+        started_at = log.tell()
         set_env = "".join(f"{k}={v} " for k, v in sized.items())
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {set_env}{shlex.join(argv)}\n".encode())
         log.flush()
@@ -196,16 +227,25 @@ def served_actor(settings: Any, actor_ref: ArtifactRef, run_dir: str | Path) -> 
             raise ServingError(f"serving.engine={sv.engine}: cannot start {argv[0]!r}: {e.strerror or e}") from None
     guard = subprocess.Popen([sys.executable, "-c", GUARD_SOURCE, str(proc.pid)], stdin=subprocess.PIPE,
                              start_new_session=True)
+    return proc, guard, started_at
+
+
+def _stop_engine(proc: subprocess.Popen, guard: subprocess.Popen) -> None:
+    stop_process_group(proc)
+    guard.stdin.close()  # the guard finds the group gone and exits
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        guard.wait(timeout=15)
+
+
+def _port_taken(log_path: Path, started_at: int) -> bool:
+    """Whether the engine started at byte ``started_at`` of its log failed to bind its port (uvicorn, which vLLM,
+    SGLang and our server run: "[Errno 98] ... address already in use")."""
     try:
-        _wait_until_serving(proc, base_url, sv, log_path)
-        verify_endpoint(base_url, sv.served_model_name, actor_ref)
-        yield Endpoint(base_url, sv.served_model_name,
-                       served_policy_digest(sv.engine, sv.served_model_name, actor_ref), sv.engine)
-    finally:
-        stop_process_group(proc)
-        guard.stdin.close()  # the guard finds the group gone and exits
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            guard.wait(timeout=15)
+        with open(log_path, "rb") as f:
+            f.seek(started_at)
+            return b"address already in use" in f.read().lower()
+    except OSError:
+        return False
 
 
 def _wait_until_serving(proc: subprocess.Popen, base_url: str, sv: Any, log_path: Path) -> None:

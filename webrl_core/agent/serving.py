@@ -7,7 +7,9 @@ that for one stage:
 1. starts the engine from a command template (``serving.command`` or ``config.SERVING_COMMANDS[engine]``: vLLM's
    OpenAI server, SGLang's ``launch_server`` or the project's own HF server ``webrl_core.agent.serve_hf``) with its own
    interpreter (``serving.python``: vLLM lives in a virtual environment of its own, ``infra/setup_vllm.sh``), in a
-   process group of its own, its output in ``<run dir>/serving/<engine>-<digest>.log``;
+   process group of its own, its output in ``<run dir>/serving/<engine>-<digest>.log``, on ``serving.port`` or a port
+   probed free (taken by another process before the engine bound it, the engine starts again on another:
+   ``PORT_ATTEMPTS``);
 2. waits until ``GET /v1/models`` answers (and fails at once, with the log's tail, if the engine exits);
 3. checks that the engine serves exactly that checkpoint: the name ``serving.served_model_name`` with either the
    checkpoint's digest (``webrl_digest``, our server) or the checkpoint's folder as ``root`` (vLLM, SGLang);

@@ -109,7 +109,8 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     result = fit(trainer, "critic", settings.critic, settings.models.attn_implementation,
                  compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts,
                  compute_dtype=settings.models.dtype)
-    train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
+    # the seconds the stats report, which its share of the peak is then measured against
+    train_s = round(time.perf_counter() - t0 - result.metrics["calibrate_s"], 3)
     shape = DecoderShape.of(critic.backbone)
 
     full = _full_model(trainer, lambda: build("cpu"))
@@ -121,7 +122,7 @@ def train_critic(samples: list[dict], backbone_dir: str | Path, out_dir: str | P
     tokens, tokens_sq = lengths_sums((r["length"] for r in rows),
                                      passes_over_rows(trainer, result.global_step, len(rows)))
     return {"n_samples": len(samples), "n_prompts": len(examples), "positive_share": sum(labels) / max(len(labels), 1),
-            "train_s": round(train_s, 3), **trained_shape(result),
+            "train_s": train_s, **trained_shape(result),
             "train_loss": result.training_loss, "steps": result.global_step,
             "tokens": int(tokens), "tokens_sq": int(tokens_sq),
             **flop_stats("", shape.pass_flops(tokens, tokens_sq, result.metrics["cached"], train=True)

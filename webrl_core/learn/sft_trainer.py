@@ -106,7 +106,8 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
     result = fit(trainer, "sft", settings.actor, settings.models.attn_implementation,
                  compile_setting=settings.models.compile_layers, weight_casts=settings.models.weight_casts,
                  compute_dtype=settings.models.dtype)
-    train_s = time.perf_counter() - t0 - result.metrics["calibrate_s"]
+    # the seconds the stats report, which its share of the peak is then measured against
+    train_s = round(time.perf_counter() - t0 - result.metrics["calibrate_s"], 3)
     tokens, tokens_sq = lengths_sums((len(r["input_ids"]) for r in rows),
                                      passes_over_rows(trainer, result.global_step, len(rows)))
     shape = DecoderShape.of(model)
@@ -117,7 +118,7 @@ def sft_train(pairs: list[tuple[str, str]], model_dir: str | Path, out_dir: str 
         save_model(full, tok, out_dir)
         loss_history.write(out_dir, "sft", trainer.state)
     trainer.accelerator.wait_for_everyone()
-    return {"n_pairs": len(pairs), "train_s": round(train_s, 3), **trained_shape(result),
+    return {"n_pairs": len(pairs), "train_s": train_s, **trained_shape(result),
             "train_loss": result.training_loss,
             "steps": result.global_step, "tokens": int(tokens),
             **flop_stats("", flops, train_s, result.metrics["peak_flops"]), **counts, "loss_curve": _loss_curve(trainer)}

@@ -493,7 +493,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
             for j, r in enumerate(rows):
                 r.update(ref_logp=float(ref_logp[j]), adv=float(adv_k[j]), mask=float(mask_k[j]),
                          beta0=float(beta0[j]))
-        ref["s"] = time.perf_counter() - t1
+        ref["s"] = round(time.perf_counter() - t1, 3)  # as the stats report it, and its share is measured
         if trainer is not None:
             trainer.train_dataset = Dataset.from_list(rows)
 
@@ -503,7 +503,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     def stats_now():
         mean_ref_prob = None if ref["prob"] is None else float(ref["prob"].mean()) if rows else 0.0
         return {"n_samples": len(samples), "n_train": len(rows), "n_positive": int((adv > 0).sum()),
-                "ref_s": round(ref["s"], 3), "n_ref_from_replay": ref["reused"],
+                "ref_s": ref["s"], "n_ref_from_replay": ref["reused"],
                 "mean_v": float(v.mean()) if len(v) else 0.0, "mean_ref_prob": mean_ref_prob, "loss_mode": mode,
                 **mode_stats, **count_parameters(model)}
 
@@ -530,7 +530,8 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     result = fit(trainer, "actor", settings.actor, settings.models.attn_implementation, reference_columns,
                  settings.models.compile_layers, settings.models.weight_casts, settings.models.dtype)
     stats = stats_now()
-    t_train = time.perf_counter() - t2 - result.metrics["calibrate_s"] - ref["s"]
+    # the seconds the stats report, which its share of the peak is then measured against
+    t_train = round(time.perf_counter() - t2 - result.metrics["calibrate_s"] - ref["s"], 3)
     full = _full_model(trainer, lambda: load_causal_lm(actor_dir, models_cfg.model_copy(update={"device": "cpu"}),
                                                        trainable=True))
     if full is not None:
@@ -545,7 +546,7 @@ def train_actor(samples: list[dict], actor_dir: str | Path, out_dir: str | Path,
     epoch_flops = shape.pass_flops(passes * tokens, passes * tokens_sq, result.metrics["cached"],
                                    train=True) if shape else None
     return stats | loss_stats | {
-        "train_s": round(t_train, 3), **trained_shape(result),
+        "train_s": t_train, **trained_shape(result),
         "train_loss": result.training_loss, "steps": result.global_step, "tokens": int(tokens),
         "tokens_sq": int(tokens_sq), "epochs": epochs, "loss_curve": _loss_curve(trainer),
         **flop_stats("", epoch_flops, t_train, peak),

@@ -30,7 +30,7 @@ import re
 import time
 from collections import defaultdict
 
-import torch
+from webrl_core.hardware import synchronize
 
 KINDS = ("matmul", "attention", "convert/copy", "elementwise", "optimizer", "python/other")
 _MATMUL = re.compile(r"^aten::(mm|addmm|_addmm_activation|bmm|baddbmm|mv|addmv|dot|matmul|linear)$|mkldnn|onednn|"
@@ -96,14 +96,9 @@ def profiled(fn, device: str = "cpu"):
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
         result = fn()
-        _sync(device)
+        synchronize(device)
         wall = time.perf_counter() - t0
     return result, time_split(prof.events(), wall, device_time=device != "cpu"), wall, top_ops(prof)
-
-
-def _sync(device: str) -> None:
-    if device != "cpu":
-        torch.cuda.synchronize()
 
 
 def unavoidable_bytes(total_params: int, trained_params: int, compute_bytes: int, steps: int) -> float:

@@ -122,6 +122,14 @@ def auto_dtype(device: str = "auto", flags: frozenset[str] | None = None) -> tup
     return "float32", f"CPU has neither {' nor '.join(BF16_CPU_FLAGS)} (bf16 would be emulated)"
 
 
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (a GPU's kernels run after the call that launched them); nothing on a CPU."""
+    if device != "cpu":
+        import torch
+
+        torch.cuda.synchronize()
+
+
 PEAK_MATMUL_N = {"cpu": 2048, "cuda": 8192}
 """The side of the square matmul whose rate is a device's peak: large enough to reach the matrix units' rate (a
 2048 x 2048 bf16 product runs at the rate of larger ones on the CPUs measured, docs/benchmarks.md) and small enough
@@ -143,13 +151,11 @@ def matmul_peak_flops(dtype=None, device: str = "cpu", n: int | None = None, rep
     torch.matmul(a, b)  # warm-up
     best = 0.0
     for _ in range(rounds):
-        if device != "cpu":
-            torch.cuda.synchronize()
+        synchronize(device)
         t = time.perf_counter()
         for _ in range(reps):
             torch.matmul(a, b)
-        if device != "cpu":
-            torch.cuda.synchronize()
+        synchronize(device)
         best = max(best, 2 * n ** 3 * reps / (time.perf_counter() - t))
     return best
 
@@ -172,11 +178,9 @@ def copy_bandwidth(mb: int | None = None, rounds: int = 5, dtype=None, device: s
     dst.copy_(src)  # warm-up: the pages are touched
     best = 0.0
     for _ in range(rounds):
-        if device != "cpu":
-            torch.cuda.synchronize()
+        synchronize(device)
         t = time.perf_counter()
         dst.copy_(src)
-        if device != "cpu":
-            torch.cuda.synchronize()
+        synchronize(device)
         best = max(best, 2 * src.numel() * src.element_size() / (time.perf_counter() - t))
     return best

@@ -183,9 +183,9 @@ def served_actor(settings: Any, actor_ref: ArtifactRef, run_dir: str | Path) -> 
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{sv.engine}-{actor_ref.sha256[:12]}.log"
     sized = cpu_kv_cache_env(settings, actor_ref.path)  # logged; serving.env is not (it may hold secrets)
+    host = f"[{sv.host}]" if ":" in sv.host else sv.host
     for attempt in range(1 if sv.port else PORT_ATTEMPTS):
         port = sv.port or _free_port(sv.host)
-        host = f"[{sv.host}]" if ":" in sv.host else sv.host
         base_url = f"http://{host}:{port}/v1"
         proc, guard, started_at = _start_engine(settings, actor_ref, port, log_path, sized)
         try:

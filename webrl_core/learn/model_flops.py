@@ -27,7 +27,10 @@ padded positions, the elementwise work, the optimizer and Python all lower it.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass
+from typing import Iterator
 
 from webrl_core.learn import box_measurements, frozen_prefix
 
@@ -99,6 +102,17 @@ def flop_stats(prefix: str, flops: float | None, seconds: float, peak_flops: flo
     return {f"{prefix}flops": flops, **({f"{prefix}share_of_peak": share} if share is not None else {})}
 
 
+@dataclass
+class BoxRates:
+    """The box's rates around a pass (``rates_around``): the better of a measurement just before it and one just
+    after (a slow moment in either is not the box's rate); None where nothing was measured. ``measure_s``: the
+    seconds the measurements took, which a stage leaves out of its pass's seconds."""
+
+    peak_flops: float | None = None
+    copy_bytes_per_s: float | None = None
+    measure_s: float = 0.0
+
+
 def box_rates(compute_dtype: str | None, device: str = "cpu") -> tuple[float, float]:
     """The box's matmul peak (FLOP/s) in ``compute_dtype`` (``models.dtype``) and its copy bandwidth (bytes/s) in
     that dtype now, where the box's measurements are on; (0.0, 0.0) otherwise. A second or two, which the test suite
@@ -110,3 +124,19 @@ def box_rates(compute_dtype: str | None, device: str = "cpu") -> tuple[float, fl
 
     dtype = torch_dtype(compute_dtype)
     return matmul_peak_flops(dtype, device), copy_bandwidth(dtype=dtype, device=device)
+
+
+@contextlib.contextmanager
+def rates_around(compute_dtype: str | None, device: str = "cpu", measure: bool = True) -> Iterator[BoxRates]:
+    """``box_rates`` just before and just after the block (``measure`` False: neither); the ``BoxRates`` it yields
+    is filled when the block ends."""
+    rates = BoxRates()
+    t0 = time.perf_counter()
+    before = box_rates(compute_dtype, device) if measure else (0.0, 0.0)
+    rates.measure_s += time.perf_counter() - t0
+    yield rates
+    t0 = time.perf_counter()
+    after = box_rates(compute_dtype, device) if measure else (0.0, 0.0)
+    rates.measure_s += time.perf_counter() - t0
+    rates.peak_flops = max(before[0], after[0]) or None
+    rates.copy_bytes_per_s = max(before[1], after[1]) or None

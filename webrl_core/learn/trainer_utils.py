@@ -46,8 +46,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_callback import PrinterCallback
 
 from webrl_core.learn import box_measurements, frozen_prefix, micro_batch
-from webrl_core.learn.model_flops import box_rates
-from webrl_core.learn.models import (attention_of, compile_layers, load_causal_lm, resolve_device, torch_dtype,
+from webrl_core.learn.model_flops import rates_around
+from webrl_core.learn.models import (attention_of, compile_layers, load_causal_lm, resolve_device,
                                      trainer_precision_args)
 from webrl_core.logs import is_verbose
 from webrl_core.runs import loss_history
@@ -197,18 +197,14 @@ def fit(trainer: Trainer, stage: str | None = None, section=None, attention: str
         # compiled layers cast inside their own code (and ran 1.6x slower in the outer context: 74 against 46 s for
         # the demo's first 30 SFT steps)
         per_step = weight_casts == "per_step" and not compiled
-        t0 = time.perf_counter()
-        before = _box_rates_now(trainer, compute_dtype)
-        calibrate_s += time.perf_counter() - t0
-        looked_up = frozen_prefix.stats()
-        with weight_casts_per_step(trainer) if per_step else contextlib.nullcontext():
-            result = trainer.train()
-        result.metrics["cached"] = frozen_prefix.tokens_since(looked_up)
-        t0 = time.perf_counter()
-        after = _box_rates_now(trainer, compute_dtype)
-        result.metrics["peak_flops"] = max(before[0], after[0]) or None
-        result.metrics["copy_bytes_per_s"] = max(before[1], after[1]) or None
-        calibrate_s += time.perf_counter() - t0
+        # the box's rates in one process only: the ranks of a launch would measure each other's load
+        with rates_around(compute_dtype, str(trainer.args.device), trainer.args.world_size == 1) as rates:
+            looked_up = frozen_prefix.stats()
+            with weight_casts_per_step(trainer) if per_step else contextlib.nullcontext():
+                result = trainer.train()
+            result.metrics["cached"] = frozen_prefix.tokens_since(looked_up)
+        result.metrics["peak_flops"], result.metrics["copy_bytes_per_s"] = rates.peak_flops, rates.copy_bytes_per_s
+        calibrate_s += rates.measure_s
         result.metrics["calibrate_s"] = round(calibrate_s, 3)
         result.metrics["micro_batch_size"] = trainer.args.per_device_train_batch_size
         result.metrics["attention"] = attention_of(trainer.model) or ""
@@ -233,13 +229,6 @@ def passes_over_rows(trainer: Trainer, global_step: int, n_rows: int) -> float:
         return float(args.num_train_epochs)
     rows = global_step * args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
     return rows / n_rows
-
-
-def _box_rates_now(trainer: Trainer, compute_dtype: str | None) -> tuple[float, float]:
-    """``model_flops.box_rates`` on the trainer's device, where it trains in one process ((0.0, 0.0) otherwise)."""
-    if trainer.args.world_size > 1:
-        return 0.0, 0.0
-    return box_rates(compute_dtype, str(trainer.args.device))
 
 
 class _DropCastsAfterStep(TrainerCallback):

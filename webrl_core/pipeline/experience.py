@@ -19,7 +19,7 @@ from webrl_core.artifacts import ArtifactRef, read_json, read_jsonl
 from webrl_core.env.judge import judge_from_settings
 from webrl_core.env.rollout import default_attempts, plan_episode_ids, run_rollout
 from webrl_core.learn import frozen_prefix
-from webrl_core.learn.model_flops import DecoderShape, box_rates, flop_stats
+from webrl_core.learn.model_flops import DecoderShape, flop_stats, rates_around
 from webrl_core.learn.models import autocast_context, load_causal_lm, load_tokenizer
 from webrl_core.learn.orm import OrmScorer, decision_agreement, orm_prompt_for_episode
 from webrl_core.learn.outcome_judge import judge_case, outcome_judge_from_settings
@@ -237,22 +237,20 @@ def replay_transitions(settings, run_dir: str, phase: int, actor_ref: ArtifactRe
     frozen_prefix.attach(model, settings.models)  # the picked steps come back in the actor's epoch
     tok = load_tokenizer(actor_ref.path)
     device = next(model.parameters()).device
-    peak, bandwidth = box_rates(settings.models.dtype, str(device))
     looked_up = frozen_prefix.stats()
     # in the training forward's autocast: the actor's epoch then finds these rows' bottom layers in the cache (its
-    # key includes the autocast), and the reference log-probs reused from the 1/PPL are the training forward's
-    with autocast_context(settings.models, device):
+    # key includes the autocast), and the reference log-probs reused from the 1/PPL are the training forward's;
+    # the scoring pass against the box's rates around it, as a training stage's (learn/model_flops.py)
+    with rates_around(settings.models.dtype, str(device)) as rates, autocast_context(settings.models, device):
         picked, info = score_replay(rows, model, tok, n_current, low=rc.low, high=rc.high, cap_ratio=rc.cap_ratio,
                                     max_length=settings.models.max_length, batch_size=rc.batch_size,
                                     seed=settings.run.seed, progress=True, scoring=rc.scoring)
-    # the scoring pass against the box's rates beside it, as a training stage's (learn/model_flops.py)
     shape, seconds = DecoderShape.of(model), info.pop("score_s")
     tokens, tokens_sq = info.pop("scored_tokens"), info.pop("scored_tokens_sq")
     flops = shape.pass_flops(tokens, tokens_sq, frozen_prefix.tokens_since(looked_up)) if shape else None
-    after = box_rates(settings.models.dtype, str(device))
-    peak, bandwidth = max(peak, after[0]) or None, max(bandwidth, after[1]) or None
-    cost = {"replay_s": seconds, "replay_tokens": tokens, "replay_tokens_sq": tokens_sq, "replay_peak_flops": peak,
-            "replay_copy_bytes_per_s": bandwidth, **flop_stats("replay_", flops, seconds, peak)}
+    cost = {"replay_s": seconds, "replay_tokens": tokens, "replay_tokens_sq": tokens_sq,
+            "replay_peak_flops": rates.peak_flops, "replay_copy_bytes_per_s": rates.copy_bytes_per_s,
+            **flop_stats("replay_", flops, seconds, rates.peak_flops)}
     rank = {(r["episode_id"], r["idx"]): r["rank_score"] for r in picked}
     eps, by_ep = store.finished_episodes(sorted({e for e, _ in rank}))
     samples = build_transitions([(e, by_ep.get(e["episode_id"], [])) for e in eps], gamma=settings.transitions.gamma)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -23,6 +22,7 @@ from webrl_core.learn.embedded_model import build_embedded_model, train_embedded
 from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, openai_app, served_model_digest
 from webrl_core.identity import action_seed
 from webrl_core.prompts import build_prompt
+from webrl_core.ports import free_port
 
 ACTION = 'do(action="Click", element="3")'
 
@@ -118,16 +118,10 @@ def test_act_seeds_each_step_from_its_episode_and_step(model_dir):
     assert first == unseeded.generate(ps)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def served(app):
     """``app`` served by uvicorn on a free 127.0.0.1 port for the block; yields its ``/v1`` base URL."""
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     th = threading.Thread(target=server.run, daemon=True)
     th.start()
@@ -266,7 +260,7 @@ def test_openai_policy_requests_retries_and_errors(stub):
 
 
 def test_served_model_digest_names_the_url_of_a_dead_endpoint():
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port()}/v1"
     with pytest.raises(RuntimeError, match=rf"policy.base_url='{url}' did not answer GET {url}/models: "
                                            r"APIConnectionError"):
         served_model_digest(url, "m", timeout_s=2)

@@ -21,14 +21,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from webrl_core.ports import free_port
+
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")]
 WEBRL = str(Path(sys.executable).parent / "webrl")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stat(pid: int) -> tuple[int, str, int] | None:
@@ -146,7 +142,7 @@ def _stop_and_check(proc: subprocess.Popen, log: Path, port: int, sig: int, min_
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
 def test_serve_mlflow_stops_its_tree(tmp_path, sig):
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "serve.log"
     (tmp_path / "run").mkdir()  # a run dir: `webrl serve mlflow` refuses a folder that does not exist
     with open(log, "w") as out:
@@ -164,7 +160,7 @@ def test_serve_mlflow_stops_its_tree(tmp_path, sig):
 
 @pytest.mark.timeout(900)
 def test_serve_prefect_stops_its_tree(tmp_path):
-    port = _free_port()
+    port = free_port()
     log = tmp_path / "serve.log"
     with open(log, "w") as out:
         proc = subprocess.Popen([WEBRL, "serve", "prefect", "--home", str(tmp_path / ".prefect"), "--run-root",

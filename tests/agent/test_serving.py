@@ -119,8 +119,8 @@ def test_a_port_taken_between_its_probe_and_the_engine_is_picked_again(tmp_path,
         holder.bind(("127.0.0.1", 0))
         holder.listen(1)
         taken = holder.getsockname()[1]
-        picks, probe = iter([taken]), serving._free_port  # the taken port first, then the real probe's
-        monkeypatch.setattr(serving, "_free_port", lambda host: next(picks, None) or probe(host))
+        picks, probe = iter([taken]), serving.free_port  # the taken port first, then the real probe's
+        monkeypatch.setattr(serving, "free_port", lambda host: next(picks, None) or probe(host))
         with served_actor(s, actor, tmp_path) as ep:
             assert f":{taken}/" not in ep.base_url and port_open(ep.base_url)
     log = (tmp_path / "serving" / f"webrl-{actor.sha256[:12]}.log").read_text().lower()

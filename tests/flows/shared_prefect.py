@@ -6,21 +6,15 @@ start. A module of its own name: test modules import from it.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from webrl_core.ports import free_port  # noqa: F401 -- the tests import it from here
 
 API_ENV = "WEBRL_TEST_PREFECT_API_URL"  # set by conftest.prefect_api, read by prefect_env, nothing else
 FINAL = {"Completed", "Cached", "Failed", "Crashed", "Cancelled"}
 WEBRL = str(Path(sys.executable).parent / "webrl")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prefect_env(root, **extra: str) -> dict[str, str]:

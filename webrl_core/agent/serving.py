@@ -8,8 +8,8 @@ that for one stage:
    OpenAI server, SGLang's ``launch_server`` or the project's own HF server ``webrl_core.agent.serve_hf``) with its own
    interpreter (``serving.python``: vLLM lives in a virtual environment of its own, ``infra/setup_vllm.sh``), in a
    process group of its own, its output in ``<run dir>/serving/<engine>-<digest>.log``, on ``serving.port`` or a port
-   probed free (taken by another process before the engine bound it, the engine starts again on another:
-   ``PORT_ATTEMPTS``);
+   probed free below the ephemeral range (``ports.free_port``; taken by another process before the engine bound it,
+   the engine starts again on another: ``PORT_ATTEMPTS``);
 2. waits until ``GET /v1/models`` answers (and fails at once, with the log's tail, if the engine exits);
 3. checks that the engine serves exactly that checkpoint: the name ``serving.served_model_name`` with either the
    checkpoint's digest (``webrl_digest``, our server) or the checkpoint's folder as ``root`` (vLLM, SGLang);
@@ -36,7 +36,6 @@ import math
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,6 +48,7 @@ from webrl_core.config import SERVING_COMMANDS
 from webrl_core.agent.policy import served_model_card
 from webrl_core.learn.model_folder import kv_width
 from webrl_core.learn.models import resolve_device, torch_dtype
+from webrl_core.ports import free_port
 
 GUARD_SOURCE = """
 import os, signal, sys, time
@@ -120,12 +120,6 @@ def cpu_kv_cache_env(settings: Any, model_dir: str | Path) -> dict[str, str]:
     return {"VLLM_CPU_KVCACHE_SPACE": str(gib)}
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def engine_command(settings: Any, model: str, port: int) -> list[str]:
     """The engine's argv: ``serving.command`` (or the engine's default template) filled in, plus ``extra_args``."""
     sv, models = settings.serving, settings.models
@@ -185,7 +179,7 @@ def served_actor(settings: Any, actor_ref: ArtifactRef, run_dir: str | Path) -> 
     sized = cpu_kv_cache_env(settings, actor_ref.path)  # logged; serving.env is not (it may hold secrets)
     host = f"[{sv.host}]" if ":" in sv.host else sv.host
     for attempt in range(1 if sv.port else PORT_ATTEMPTS):
-        port = sv.port or _free_port(sv.host)
+        port = sv.port or free_port(sv.host)
         base_url = f"http://{host}:{port}/v1"
         proc, guard, started_at = _start_engine(settings, actor_ref, port, log_path, sized)
         try:

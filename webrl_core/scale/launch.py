@@ -38,7 +38,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from webrl_core.config import REPO_ROOT, TrainingConfig, accelerate_config_names, accelerate_config_path  # noqa: F401
+from webrl_core.ports import free_port
 
 FAULT_ENV = "WEBRL_LAUNCH_FAULT"  # "<rank>[:<step>]": that rank raises in its training step (tests)
 TAIL_LINES = 40
@@ -169,12 +169,6 @@ def per_rank_settings(settings, kind: str, n: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 # parent side: write the job, launch, stream, collect
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 MIXED_PRECISION = {"float32": "no", "bfloat16": "bf16", "float16": "fp16"}
 """``accelerate launch --mixed_precision`` for each ``models.dtype`` (``models.mixed_precision_mode``)."""
 
@@ -196,7 +190,7 @@ def launch_command(tc: TrainingConfig, job_file: Path, log_dir: Path | None = No
            "--num_processes", str(tc.num_processes)]
     own = {a.split("=")[0] for a in tc.extra_args}
     if "--main_process_port" not in own:
-        cmd += ["--main_process_port", str(_free_port())]
+        cmd += ["--main_process_port", str(free_port())]
     if mixed_precision is not None and "--mixed_precision" not in own:
         if mixed_precision not in MIXED_PRECISION.values():
             raise ValueError(f"mixed_precision={mixed_precision!r}; allowed: {sorted(set(MIXED_PRECISION.values()))}")
@@ -306,11 +300,15 @@ def _failure(kind: str, rc: int, err_dir: Path, tails: dict, tc: TrainingConfig)
                f"{first['message']}" + (f" (then rank(s) {others} failed too)" if others else "")
                + f"\n--- last lines of rank {rank} ---\n{tail}")
         return LaunchError(msg, rank, rc, tail)
-    tail = "\n".join(tails.get(None, [])) or "\n".join(
-        line for r in sorted(k for k in tails if k is not None) for line in tails[r])
+    # a rank killed by a signal (a C++ abort, the OOM killer) raised nothing: its own last lines say why, the
+    # launcher's only that it died
+    parts = [f"--- last lines of rank {r} ---\n" + "\n".join(tails[r]) for r in sorted(k for k in tails if k is not None)]
+    if tails.get(None):
+        parts.append("--- last lines of the launcher ---\n" + "\n".join(tails[None]))
+    tail = "\n".join(parts)
     return LaunchError(f"accelerate {kind} job failed (exit code {rc}, config {tc.accelerate_config}, "
                        f"{tc.num_processes} processes); no rank reported an exception (killed? out of memory?)\n"
-                       f"--- last lines ---\n{tail}", None, rc, tail)
+                       f"{tail}", None, rc, tail)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,12 +19,13 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from webrl_core.ports import free_ports
 
 log = logging.getLogger("webrl.ray")
 
@@ -48,13 +49,6 @@ def local_auth_env() -> dict[str, str]:
 
             Config.initialize("")
     return env
-
-
-def _free_socket(host: str) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
-    return sock
 
 
 class LocalRayCluster:
@@ -84,15 +78,8 @@ class LocalRayCluster:
         exe = Path(sys.executable).with_name("ray")
         return str(exe) if exe.exists() else "ray"
 
-    def _free_ports(self, n: int, host: str = "127.0.0.1") -> list[int]:
-        socks = [_free_socket(host) for _ in range(n)]
-        ports = [s.getsockname()[1] for s in socks]
-        for s in socks:
-            s.close()
-        return ports
-
     def _launch(self, args: list[str], ip: str, resources: str | None) -> dict:
-        dash, agent, agent_grpc, rt_env, metrics = self._free_ports(5)
+        dash, agent, agent_grpc, rt_env, metrics = free_ports(5)
         k = len(self.nodes)
         log_path = self.temp_dir / f"node{k}.log"
         # explicit ports: two clusters on one machine (other users, parallel tests) never collide on defaults
@@ -131,7 +118,7 @@ class LocalRayCluster:
             return self
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(self.START_ATTEMPTS):
-            self.port = self._free_ports(1)[0]
+            self.port = free_ports(1)[0]
             try:
                 self._launch(["--head", f"--port={self.port}"], LOCAL_CLUSTER_IP, resources)
                 return self

@@ -45,7 +45,7 @@ from typing import Any, Iterator
 
 from webrl_core.config import RolloutConfig
 from webrl_core.prompts import prompt_format
-from webrl_core.scale.ray_cluster import LocalRayCluster, _free_socket
+from webrl_core.scale.ray_cluster import LocalRayCluster
 
 SERVED_MODEL_NAME = "webrl-embedded"
 SCRIPTED = ("oracle", "random")
@@ -227,6 +227,14 @@ def _check_reachable(host: str) -> None:
                            f"rollout.policy_host to this machine's IP ({here}), or policy_serving=per_shard")
 
 
+def _bound_socket(host: str) -> socket.socket:
+    """A socket bound to a port the kernel picks, handed to the server itself: held from the bind on, no race."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    return sock
+
+
 @contextlib.contextmanager
 def shared_policy_server(settings, actor_ref, temperature: float, purpose: str, expected_digest: str,
                          host: str = "127.0.0.1", timeout_s: float = 120.0) -> Iterator[dict]:
@@ -239,7 +247,7 @@ def shared_policy_server(settings, actor_ref, temperature: float, purpose: str, 
     from webrl_core.agent.rollout_policy import make_policy
 
     hf = make_policy(settings, actor_ref, temperature, purpose)
-    sock = _free_socket(host)
+    sock = _bound_socket(host)
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(openai_app(hf, model_name=SERVED_MODEL_NAME), log_level="warning",
                                            access_log=False, lifespan="off", timeout_keep_alive=30))

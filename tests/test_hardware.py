@@ -1,9 +1,15 @@
-"""webrl_core/hardware.py: the CPU named in figures and in the keys of the box's kept measurements; the box's rates."""
+"""webrl_core/hardware.py: the CPU named in figures and in the keys of the box's kept measurements; the box's rates;
+free ports for other processes' servers."""
 
 from __future__ import annotations
 
 import os
+import random
+import socket
 
+import pytest
+
+from webrl_core import hardware
 from webrl_core.hardware import cpu_summary
 
 ZEN4 = """processor\t: 0
@@ -54,3 +60,46 @@ def test_the_box_rates_are_measured_without_drawing_from_the_global_rng():
     assert torch.equal(torch.rand(4), expected)  # a stage measures them between its draws
     # 2 n^3 FLOPs a product and 2 bytes a copied byte: rates, not seconds (loose: the suite runs beside itself)
     assert peak > 1e7 and bandwidth > 1e7
+
+
+def _listen(port: int) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", port))
+    s.listen()
+    return s
+
+
+@pytest.mark.skipif(hardware.ephemeral_start() is None, reason="the kernel's ephemeral range is not readable here")
+def test_ports_are_free_distinct_and_below_the_ephemeral_range():
+    state = random.getstate()
+    got = hardware.free_ports(5)
+    assert random.getstate() == state  # a run's seeded RNG does not pick ports
+    assert len(set(got)) == 5
+    assert all(hardware.PORT_LOW <= p < hardware.ephemeral_start() for p in got)
+    for p in got:  # each can be bound by the server that asked for it
+        _listen(p).close()
+
+
+def test_a_taken_port_is_never_handed_out(monkeypatch, tmp_path):
+    taken = _listen(0)  # a listener on some port
+    port = taken.getsockname()[1]
+    try:
+        start = tmp_path / "range"
+        start.write_text(f"{port + 1}\t{port + 1000}\n")
+        monkeypatch.setattr(hardware, "EPHEMERAL_RANGE_FILE", start)
+        monkeypatch.setattr(hardware, "PORT_LOW", port - 200)
+        # the draw offers the taken port first
+        monkeypatch.setattr(hardware._PORT_RNG, "sample", lambda pop, k: [port] + [p for p in pop if p != port][:k - 1])
+        assert hardware.ephemeral_start(start) == port + 1
+        got = hardware.free_port()
+        assert got != port and port - 200 <= got <= port
+    finally:
+        taken.close()
+
+
+def test_without_a_known_range_the_kernel_picks(monkeypatch, tmp_path):
+    monkeypatch.setattr(hardware, "EPHEMERAL_RANGE_FILE", tmp_path / "missing")
+    assert hardware.ephemeral_start(tmp_path / "missing") is None
+    p = hardware.free_port()
+    assert p > 0
+    _listen(p).close()

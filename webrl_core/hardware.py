@@ -1,4 +1,6 @@
-"""The precision a run computes in when ``models.dtype`` is ``auto``: chosen from what the hardware is fast at.
+"""The machine a run is on: the precision it computes in when ``models.dtype`` is ``auto`` (chosen from what the
+hardware is fast at), the rates it runs at now (``matmul_peak_flops``, ``copy_bandwidth``), and free TCP ports for the
+servers a run starts in other processes (``free_port``).
 
 - CUDA (``models.device`` auto or cuda, a GPU present): bfloat16 where the GPU supports it, else float16.
 - CPU: bfloat16 when the processor has native bf16 matrix instructions (``amx_bf16`` or ``avx512_bf16`` in its
@@ -8,6 +10,16 @@
 
 Training always keeps float32 master weights under bf16 autocast (``webrl_core.learn.models``); inference loads in the
 chosen dtype.
+
+Ports (an inference engine, the accelerate job's rendezvous store, a Ray node, the MLflow or Prefect server of a
+test): a probe binds a port and releases it, so the port stays free only until somebody else binds it. A port from
+the kernel's ephemeral range (Linux: ``/proc/sys/net/ipv4/ip_local_port_range``, 32768-60999 by default) can be
+taken in that window by any socket the kernel numbers itself: another probe's bind to port 0, a gloo rank's
+listener, or the source port of any outgoing connection, of which a test run or a rollout with browsers opens many a
+second. A port below that range is only ever taken by a process that names it, which is why torchrun's default
+(29500) lies there. So ``free_port`` draws from ``[PORT_LOW, ephemeral start)``: above Ray's default worker ports
+(10002-19999), below the ephemeral range, with its own random generator (the global RNG untouched). Where the range
+cannot be read (not Linux) or no drawn port is free, it falls back to the kernel's choice (bind to port 0).
 """
 
 from __future__ import annotations
@@ -16,6 +28,8 @@ import functools
 import importlib.metadata
 import importlib.util
 import os
+import random
+import socket
 import time
 from pathlib import Path
 
@@ -184,3 +198,65 @@ def copy_bandwidth(mb: int | None = None, rounds: int = 5, dtype=None, device: s
         synchronize(device)
         best = max(best, 2 * src.numel() * src.element_size() / (time.perf_counter() - t))
     return best
+
+PORT_LOW = 20_000
+"""The lowest port drawn: above Ray's worker ports (``--min-worker-port`` 10002 .. ``--max-worker-port`` 19999)."""
+PORT_TRIES = 64
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PORT_RNG = random.Random()  # seeded from os.urandom; a run's torch/numpy/random seeds do not pick its ports
+
+
+def ephemeral_start(path: Path | None = None) -> int | None:
+    """The first port the kernel hands out by itself (``path``: the range file), or None where that is not known."""
+    try:
+        return int((path or EPHEMERAL_RANGE_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(host: str, port: int) -> socket.socket | None:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, port))
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+def _held_ports(n: int, host: str) -> list[socket.socket]:
+    """``n`` sockets bound to distinct free ports (the module docstring's "Ports"), still open."""
+    held: list[socket.socket] = []
+    top = ephemeral_start()
+    try:
+        if top is not None and top - PORT_LOW > 4 * n:
+            for port in _PORT_RNG.sample(range(PORT_LOW, top), min(top - PORT_LOW, PORT_TRIES + n)):
+                if len(held) == n:
+                    break
+                sock = _bindable(host, port)
+                if sock is not None:
+                    held.append(sock)
+        while len(held) < n:  # the kernel's choice
+            sock = _bindable(host, 0)
+            if sock is None:
+                raise OSError(f"no free TCP port on {host}")
+            held.append(sock)
+        return held
+    except BaseException:
+        for s in held:
+            s.close()
+        raise
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free on ``host`` now, outside the ephemeral range where it is known."""
+    held = _held_ports(n, host)
+    ports = [s.getsockname()[1] for s in held]
+    for s in held:
+        s.close()
+    return ports
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, outside the ephemeral range where it is known (the module docstring's "Ports")."""
+    return free_ports(1, host)[0]

@@ -22,7 +22,7 @@ from webrl_core.learn.embedded_model import build_embedded_model, train_embedded
 from webrl_core.agent.policy import HFPolicy, OpenAIPolicy, openai_app, served_model_digest
 from webrl_core.identity import action_seed
 from webrl_core.prompts import build_prompt
-from webrl_core.ports import free_port
+from webrl_core.hardware import free_port
 
 ACTION = 'do(action="Click", element="3")'
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from webrl_core.ports import free_port
+from webrl_core.hardware import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")]
 WEBRL = str(Path(sys.executable).parent / "webrl")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from webrl_core.ports import free_port  # noqa: F401 -- the tests import it from here
+from webrl_core.hardware import free_port  # noqa: F401 -- the tests import it from here
 
 API_ENV = "WEBRL_TEST_PREFECT_API_URL"  # set by conftest.prefect_api, read by prefect_env, nothing else
 FINAL = {"Completed", "Cached", "Failed", "Crashed", "Cancelled"}

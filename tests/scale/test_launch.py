@@ -30,6 +30,7 @@ from webrl_core.learn.embedded_model import build_embedded_model, train_embedded
 from webrl_core.prompts import build_prompt
 from webrl_core.learn.transitions import build_transitions
 from webrl_core.runs import loss_history
+from webrl_core import hardware
 
 LOSS_TOL = 1e-5
 WEIGHT_TOL = 5e-5
@@ -77,7 +78,8 @@ def test_launch_command(tmp_path):
     assert cmd[:3] == ["/opt/py", "-m", "accelerate.commands.launch"]
     assert cmd[cmd.index("--config_file") + 1].endswith("infra/accelerate/ddp.yaml")
     assert cmd[cmd.index("--num_processes") + 1] == "3"
-    assert int(cmd[cmd.index("--main_process_port") + 1]) > 0  # a free port, so parallel jobs do not collide
+    port, ephemeral = int(cmd[cmd.index("--main_process_port") + 1]), hardware.ephemeral_start()
+    assert port > 0 and (ephemeral is None or port < ephemeral)  # free, and no port the kernel hands out itself
     assert cmd[-3:] == ["-m", "webrl_core.scale.launch", str(tmp_path / "job.json")]
     assert cmd.index("--monitor_interval") < cmd.index("-m", 3)
     own = launch.launch_command(TrainingConfig(launcher="accelerate", extra_args=["--main_process_port", "29999"]),

@@ -8,7 +8,7 @@ that for one stage:
    OpenAI server, SGLang's ``launch_server`` or the project's own HF server ``webrl_core.agent.serve_hf``) with its own
    interpreter (``serving.python``: vLLM lives in a virtual environment of its own, ``infra/setup_vllm.sh``), in a
    process group of its own, its output in ``<run dir>/serving/<engine>-<digest>.log``, on ``serving.port`` or a port
-   probed free below the ephemeral range (``ports.free_port``; taken by another process before the engine bound it,
+   probed free below the ephemeral range (``hardware.free_port``; taken by another process before the engine bound it,
    the engine starts again on another: ``PORT_ATTEMPTS``);
 2. waits until ``GET /v1/models`` answers (and fails at once, with the log's tail, if the engine exits);
 3. checks that the engine serves exactly that checkpoint: the name ``serving.served_model_name`` with either the
@@ -48,7 +48,7 @@ from webrl_core.config import SERVING_COMMANDS
 from webrl_core.agent.policy import served_model_card
 from webrl_core.learn.model_folder import kv_width
 from webrl_core.learn.models import resolve_device, torch_dtype
-from webrl_core.ports import free_port
+from webrl_core.hardware import free_port
 
 GUARD_SOURCE = """
 import os, signal, sys, time

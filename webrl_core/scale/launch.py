@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from webrl_core.config import REPO_ROOT, TrainingConfig, accelerate_config_names, accelerate_config_path  # noqa: F401
-from webrl_core.ports import free_port
+from webrl_core.hardware import free_port
 
 FAULT_ENV = "WEBRL_LAUNCH_FAULT"  # "<rank>[:<step>]": that rank raises in its training step (tests)
 TAIL_LINES = 40

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from webrl_core.ports import free_ports
+from webrl_core.hardware import free_ports
 
 log = logging.getLogger("webrl.ray")
 

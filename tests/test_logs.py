@@ -48,3 +48,21 @@ def test_verbose_shows_them():
     assert "Building labels" in out
     assert "a warning from transformers" in out
     assert "old api" in out and "our own deprecation" in out
+
+
+def test_a_loop_stopped_early_leaves_how_far_it_got_and_the_time_it_took(capsys):
+    """The replay's scoring stops at its cap: the bar keeps the items done of the total and the time elapsed, where
+    rich's own ``track`` showed its estimate of the time left for the items never scored."""
+    from webrl_core.logs import track
+
+    seen = []
+    for i in track(range(10), "scoring"):
+        seen.append(i)
+        if i == 3:
+            break
+    out = capsys.readouterr().out
+    assert seen == [0, 1, 2, 3]
+    last = [line for line in out.replace("\r", "\n").splitlines() if "scoring" in line][-1]
+    assert "4/10" in last and last.rstrip().endswith("0:00:00"), last  # 4 done, elapsed under a second
+    assert list(track(iter("abc"), "quiet", total=3, disable=True)) == ["a", "b", "c"]
+    assert "quiet" not in capsys.readouterr().out

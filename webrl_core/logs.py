@@ -4,6 +4,8 @@ By default the progress bars and info logs of transformers, datasets, huggingfac
 deprecation warnings raised from inside libraries (which a user cannot act on) are filtered: in this process by
 ``quiet_libraries`` and in every subprocess a run starts through the environment variables it sets (``QUIET_ENV``,
 read by those libraries at import). ``webrl --verbose`` or ``WEBRL_VERBOSE=1`` keeps all of it.
+
+Our own loops over a pass show ``track``'s bar: what it is, how many of how many, and the time elapsed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import logging
 import os
 import sys
 import warnings
+from typing import Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 VERBOSE_ENV = "WEBRL_VERBOSE"
 # Read by the libraries themselves when they are imported (a subprocess inherits them).
@@ -61,3 +66,22 @@ def quiet_libraries(verbose: bool | None = None) -> None:
 
         datasets.disable_progress_bars()
         datasets.utils.logging.set_verbosity_error()
+
+
+def track(items: Iterable[T], description: str, total: int | None = None, disable: bool = False) -> Iterator[T]:
+    """``items`` with a progress bar: the description, the bar, done of ``total`` (default ``len(items)``) and the time
+    elapsed. rich's own ``track`` ends its line with the time *remaining* until the bar is full, which a loop that
+    stops early (the replay's scoring stops at its cap) leaves on screen as if it were the pass's duration. An item
+    counts as done when the loop asks for the next one or stops after it."""
+    if disable:
+        yield from items
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task(description, total=len(items) if total is None else total)
+        for item in items:
+            try:
+                yield item
+            finally:  # a loop that breaks after this item closes the generator here
+                bar.advance(task)

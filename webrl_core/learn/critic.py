@@ -44,7 +44,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from rich.progress import track
 from torch import nn
 
 from webrl_core.learn.micro_batch import scoring_batch
@@ -52,6 +51,7 @@ from webrl_core.learn.models import (apply_lora, count_parameters, downcast_froz
                                enable_checkpointing, encode_prompt, from_pretrained, last_hidden_states, left_pad,
                                load_tokenizer, apply_attention, to_device, torch_dtype, train_top_layers,
                                upcast_trainable)
+from webrl_core.logs import track
 
 CRITIC_JSON = "critic.json"
 HEADS_FILE = "heads.safetensors"

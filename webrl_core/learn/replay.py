@@ -34,13 +34,14 @@ from __future__ import annotations
 import math
 import random
 import time
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import torch
 
 from webrl_core.learn.micro_batch import scoring_batch
 from webrl_core.learn.models import encode_prompt_action, head_logits, last_hidden_states, left_pad
 from webrl_core.prompts import STOP_TOKEN
+from webrl_core.logs import track
 
 
 @torch.no_grad()
@@ -52,11 +53,7 @@ def inverse_perplexity(model, tok, pairs: Sequence[tuple[str, str]], max_length:
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]["input_ids"]))
     out = [float("nan")] * len(encoded)
     batches = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
-    it: Iterable = batches
-    if progress:
-        from rich.progress import track
-        it = track(batches, description="perplexity")
-    for chunk in it:
+    for chunk in track(batches, description="perplexity", disable=not progress):
         seqs = [encoded[i]["input_ids"] for i in chunk]
         n_act = [sum(encoded[i]["action_mask"]) for i in chunk]
         ids, mask = left_pad(seqs, tok.pad_token_id)
@@ -177,16 +174,15 @@ def _score_until_cap(unique: Sequence[dict], model, tok, cap: int, low: float, h
     chunk = max(4 * batch_size, 32)
     selected: list[dict] = []
     scores: list[float] = []
-    steps = range(0, len(order), chunk)
-    if progress:
-        from rich.progress import track
-        steps = track(steps, description="perplexity (until the cap)")
-    for start in steps:
-        if len(selected) >= cap:
-            break
+    if cap <= 0:
+        return [], []
+    # the bar counts the chunks scored: a pass stopped by the cap shows how far it got and how long it took
+    for start in track(range(0, len(order), chunk), "perplexity (until the cap)", disable=not progress):
         part = order[start:start + chunk]
         got = inverse_perplexity(model, tok, [(unique[i]["prompt"], unique[i]["response"]) for i in part],
                                  max_length, batch_size)
         scores.extend(got)
         selected += [{**unique[i], "rank_score": float(sc)} for i, sc in zip(part, got) if low < sc <= high]
+        if len(selected) >= cap:
+            break
     return selected[:cap], scores

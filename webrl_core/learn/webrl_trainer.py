@@ -82,7 +82,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from rich.progress import track
 from transformers import Trainer, TrainingArguments, set_seed
 
 from webrl_core.config import ActorTrainConfig
@@ -97,6 +96,7 @@ from webrl_core.learn.trainer_utils import (_dist_map, _fields_of, _full_model, 
                                             _process_device, _trainer_args, _whole_models, actor_micro_batches, fit,
                                             passes_over_rows, progress_callbacks, trained_shape)
 from webrl_core.runs import loss_history
+from webrl_core.logs import track
 
 
 # ---------------------------------------------------------------------------------------------

@@ -162,7 +162,8 @@ def write_viewer(store: Any, out_dir: str | Path, phase: int | None = None,
 
     items: Iterable = sorted(episodes, key=lambda e: (str(e.get("phase")), str(e["episode_id"])))
     if progress:
-        from rich.progress import track
+        from webrl_core.logs import track
+
         items = track(list(items), description="writing episode pages")
     for e in items:
         folder = out / f"phase_{e.get('phase')}"

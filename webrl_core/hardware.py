@@ -199,6 +199,7 @@ def copy_bandwidth(mb: int | None = None, rounds: int = 5, dtype=None, device: s
         best = max(best, 2 * src.numel() * src.element_size() / (time.perf_counter() - t))
     return best
 
+
 PORT_LOW = 20_000
 """The lowest port drawn: above Ray's worker ports (``--min-worker-port`` 10002 .. ``--max-worker-port`` 19999)."""
 PORT_TRIES = 64

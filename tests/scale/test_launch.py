@@ -105,7 +105,8 @@ def test_rank_prefixes_and_failure_report(tmp_path):
     nothing = launch._failure("actor", -9, tmp_path / "none", tails, DDP)
     assert nothing.rank is None and "no rank reported" in str(nothing) and "launcher line" in str(nothing)
     # a rank killed by a signal raised nothing: its own last lines (a C++ abort's message) are in the report
-    assert "--- last lines of rank 1 ---\nstep 3\n" in str(nothing) and "--- last lines of rank 0 ---\nwaiting" in str(nothing)
+    report = str(nothing)
+    assert "--- last lines of rank 1 ---\nstep 3\n" in report and "--- last lines of rank 0 ---\nwaiting" in report
 
 
 def test_per_rank_settings_split_the_global_batch():

@@ -40,8 +40,8 @@ import torch
 
 from webrl_core.learn.micro_batch import scoring_batch
 from webrl_core.learn.models import encode_prompt_action, head_logits, last_hidden_states, left_pad
-from webrl_core.prompts import STOP_TOKEN
 from webrl_core.logs import track
+from webrl_core.prompts import STOP_TOKEN
 
 
 @torch.no_grad()

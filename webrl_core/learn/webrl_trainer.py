@@ -95,8 +95,8 @@ from webrl_core.learn.models import (apply_attention, autocast_context, count_pa
 from webrl_core.learn.trainer_utils import (_dist_map, _fields_of, _full_model, _is_main_process, _loss_curve,
                                             _process_device, _trainer_args, _whole_models, actor_micro_batches, fit,
                                             passes_over_rows, progress_callbacks, trained_shape)
-from webrl_core.runs import loss_history
 from webrl_core.logs import track
+from webrl_core.runs import loss_history
 
 
 # ---------------------------------------------------------------------------------------------

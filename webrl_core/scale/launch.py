@@ -302,7 +302,8 @@ def _failure(kind: str, rc: int, err_dir: Path, tails: dict, tc: TrainingConfig)
         return LaunchError(msg, rank, rc, tail)
     # a rank killed by a signal (a C++ abort, the OOM killer) raised nothing: its own last lines say why, the
     # launcher's only that it died
-    parts = [f"--- last lines of rank {r} ---\n" + "\n".join(tails[r]) for r in sorted(k for k in tails if k is not None)]
+    ranks = sorted(k for k in tails if k is not None)
+    parts = [f"--- last lines of rank {r} ---\n" + "\n".join(tails[r]) for r in ranks]
     if tails.get(None):
         parts.append("--- last lines of the launcher ---\n" + "\n".join(tails[None]))
     tail = "\n".join(parts)

@@ -16,7 +16,8 @@ import time
 import pytest
 import yaml
 
-from shared_prefect import API_ENV, free_port, webrl
+from webrl_core.hardware import free_port
+from shared_prefect import API_ENV, webrl
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,6 +1,6 @@
 """The flow tests' one Prefect server per session (started by conftest.py): the environment of a `webrl` command
-that talks to it, running such a command, the task states it recorded, and a free port for the servers these tests
-start. A module of its own name: test modules import from it.
+that talks to it, running such a command and the task states it recorded. A module of its own name: test modules
+import from it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from webrl_core.hardware import free_port  # noqa: F401 -- the tests import it from here
 
 API_ENV = "WEBRL_TEST_PREFECT_API_URL"  # set by conftest.prefect_api, read by prefect_env, nothing else
 FINAL = {"Completed", "Cached", "Failed", "Crashed", "Cancelled"}

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from shared_prefect import free_port
+from webrl_core.hardware import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "docs" / "notebook").glob("*.md"))]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared_prefect import free_port
+from webrl_core.hardware import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 REPO = Path(__file__).resolve().parents[2]

@@ -26,7 +26,8 @@ import signal
 import pytest
 import yaml
 
-from shared_prefect import free_port, prefect_env
+from webrl_core.hardware import free_port
+from shared_prefect import prefect_env
 from stop_check import BROWSER, TEMPORARY_PREFECT_SERVER, UVICORN, Command, without_api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300),
